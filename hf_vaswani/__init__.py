@@ -1,0 +1,19 @@
+"""hf_vaswani: the Transformer of "Attention Is All You Need" as a Hugging Face transformers model."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_vaswani import VaswaniConfig
+from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
+
+__version__ = "0.1.0"
+
+AutoConfig.register(VaswaniConfig.model_type, VaswaniConfig, exist_ok=True)
+AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
+# save_pretrained then writes `auto_map` and copies the two modeling files, so saved folders load with
+# trust_remote_code=True where hf_vaswani is not installed.
+VaswaniConfig.register_for_auto_class()
+VaswaniModel.register_for_auto_class("AutoModel")
+VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = ["VaswaniConfig", "VaswaniModel", "VaswaniForConditionalGeneration", "VaswaniPreTrainedModel"]

@@ -1,0 +1,121 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+This file travels to the Hub with `trust_remote_code`: it imports only transformers (and its huggingface_hub).
+"""
+
+from typing import Literal
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+
+@strict
+class VaswaniConfig(PreTrainedConfig):
+    r"""
+    The paper's post-LN encoder-decoder Transformer. Defaults are the base model of Table 3 with the paper's training
+    regularisation (§5.4): residual dropout 0.1, label smoothing 0.1, no attention or ReLU dropout (as in the reference
+    code), LayerNorm epsilon 1e-6.
+
+    Args:
+        vocab_size: size of the shared source/target vocabulary (the paper's BPE has ~37k tokens for En-De).
+        d_model: model width (§3.1).
+        d_ff: inner width of the position-wise feed-forward network (§3.3).
+        num_heads: h, the number of attention heads (§3.2.2).
+        d_k: query/key width per head; defaults to d_model // num_heads. Table 3 (B) varies it freely.
+        d_v: value width per head; defaults to d_model // num_heads.
+        encoder_layers, decoder_layers: N for each stack (§3.1).
+        dropout: P_drop, applied to each sub-layer output and to embeddings + positional encodings (§5.4).
+        attention_dropout: dropout on attention weights (0 in the paper's code).
+        activation_dropout: dropout after the FFN's ReLU (0 in the paper's code).
+        label_smoothing: eps_ls of the training loss (§5.4).
+        positional_encoding: "sinusoidal" (§3.5, no length limit) or "learned" (Table 3 row E).
+        max_position_embeddings: number of learned positions; unused by sinusoidal encodings.
+        layer_norm_eps: epsilon of every LayerNorm.
+        share_embeddings: one embedding matrix for source and target tokens (§3.4).
+        tie_word_embeddings: the pre-softmax projection shares the target embedding matrix (§3.4).
+        scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
+    """
+
+    model_type = "vaswani"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "num_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    d_k: int | None = None
+    d_v: int | None = None
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    label_smoothing: float | int = 0.1
+    positional_encoding: Literal["sinusoidal", "learned"] | str = "sinusoidal"
+    max_position_embeddings: int = 1024
+    layer_norm_eps: float = 1e-6
+    share_embeddings: bool = True
+    tie_word_embeddings: bool = True
+    scale_embedding: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    decoder_start_token_id: int | None = None
+    is_encoder_decoder: bool = True
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        self._check_values()
+        # The paper leaves d_k and d_v free (Table 3 row B); by default they split d_model evenly over the heads.
+        self.d_k = self.d_k if self.d_k is not None else self.d_model // self.num_heads
+        self.d_v = self.d_v if self.d_v is not None else self.d_model // self.num_heads
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = self.bos_token_id
+        super().__post_init__(**kwargs)
+
+    def _check_values(self) -> None:
+        # Raise plain ValueErrors naming the field: strict's own validators wrap errors in a non-ValueError class.
+        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "encoder_layers", "decoder_layers",
+                     "max_position_embeddings", "d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless d_k and d_v "
+                "are given explicitly"
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if self.positional_encoding not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"positional_encoding must be 'sinusoidal' or 'learned', got {self.positional_encoding!r}"
+            )
+        if self.positional_encoding == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
+
+    @classmethod
+    def base(cls, **overrides) -> "VaswaniConfig":
+        """Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1, eps_ls=0.1."""
+        return cls(**overrides)
+
+    @classmethod
+    def big(cls, **overrides) -> "VaswaniConfig":
+        """Table 3 "big": N=6, d_model=1024, d_ff=4096, h=16, d_k=d_v=64, P_drop=0.3, eps_ls=0.1."""
+        return cls(**{"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout": 0.3, **overrides})
+
+
+__all__ = ["VaswaniConfig"]

@@ -1,0 +1,535 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3, as a transformers model.
+
+Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), the position-wise feed-forward network
+(§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1).
+
+This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and its own config.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vaswani import VaswaniConfig
+
+
+def scaled_dot_product_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§3.2.1, Eq. 1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, masked scores pushed to -inf first.
+
+    The "eager" entry of transformers' attention interface; sdpa, flex and others compute the same function.
+    Shapes: query/key (batch, heads, length, d_k), value (batch, heads, length, d_v); returns (batch, length, heads, d_v).
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        # transformers hands eager attention an additive mask holding the dtype's minimum where attention is barred
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+class VaswaniMultiHeadAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h projections of each kind are one Linear layer; d_k and d_v are free (Table 3 row B). The projections carry
+    biases initialised to zero, as in torch.nn.MultiheadAttention and the released checkpoints of this family.
+    """
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int, is_causal: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal  # read by the sdpa and flash attention functions
+        self.d_k, self.d_v = config.d_k, config.d_v
+        self.scaling = config.d_k**-0.5
+        self.q_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.k_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.v_proj = nn.Linear(config.d_model, config.num_heads * config.d_v)
+        self.out_proj = nn.Linear(config.num_heads * config.d_v, config.d_model)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention when `key_value_states` is None, else encoder-decoder attention over `key_value_states`."""
+        batch_size, length = hidden_states.shape[:2]
+        query = self.q_proj(hidden_states).view(batch_size, length, -1, self.d_k).transpose(1, 2)
+
+        is_cross_attention = key_value_states is not None
+        cache = None
+        if past_key_values is not None:
+            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+        if is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # Encoder outputs do not change while decoding: their keys and values are computed once per generation.
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if is_cross_attention else hidden_states
+            key = self.k_proj(source).view(batch_size, source.shape[1], -1, self.d_k).transpose(1, 2)
+            value = self.v_proj(source).view(batch_size, source.shape[1], -1, self.d_v).transpose(1, 2)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, scaled_dot_product_attention
+        )
+        output, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            **kwargs,
+        )
+        return self.out_proj(output.reshape(batch_size, length, -1)), weights
+
+
+class VaswaniFeedForward(nn.Module):
+    """§3.3, Eq. 2: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_dropout(nn.functional.relu(self.fc1(hidden_states))))
+
+
+class VaswaniSinusoidalPositionalEncoding(nn.Module):
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Computed for the positions asked for, so any length works, including lengths never seen in training.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=torch.float32)
+        angles = position_ids.float().unsqueeze(-1) / torch.pow(10000.0, two_i / self.d_model)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin (even), cos (odd)
+
+
+class VaswaniLearnedPositionalEmbedding(nn.Embedding):
+    """Table 3 row (E): learned positional embeddings instead of sinusoids, for positions < max_position_embeddings."""
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and position_ids.numel() and int(position_ids.max()) >= self.num_embeddings:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond max_position_embeddings={self.num_embeddings} of the "
+                "learned positional embeddings; use sinusoidal positional_encoding for unbounded lengths"
+            )
+        return super().forward(position_ids)
+
+
+class VaswaniEmbeddings(nn.Module):
+    """§3.4-3.5: token embeddings times sqrt(d_model), plus positional encodings, then dropout (§5.4)."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        if config.positional_encoding == "learned":
+            self.positions = VaswaniLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        else:
+            self.positions = VaswaniSinusoidalPositionalEncoding(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0
+    ) -> torch.Tensor:
+        """`inputs_embeds`, when given, replaces the token embedding lookup (and is scaled like it)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
+        positions = self.positions(position_ids).to(inputs_embeds.dtype)
+        return self.dropout(inputs_embeds * self.scale + positions)
+
+
+class VaswaniEncoderLayer(GradientCheckpointingLayer):
+    """§3.1 encoder layer: self-attention, then FFN, each sub-layer as LayerNorm(x + Dropout(Sublayer(x)))."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attention = VaswaniMultiHeadAttention(config, layer_idx)
+        self.self_attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.feed_forward = VaswaniFeedForward(config)
+        self.feed_forward_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Unpack[TransformersKwargs]
+    ) -> torch.Tensor:
+        attended, _ = self.self_attention(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = self.self_attention_norm(hidden_states + self.dropout(attended))
+        return self.feed_forward_norm(hidden_states + self.dropout(self.feed_forward(hidden_states)))
+
+
+class VaswaniDecoderLayer(GradientCheckpointingLayer):
+    """§3.1 decoder layer: masked self-attention, encoder-decoder attention, FFN, each as LayerNorm(x + Dropout(.))."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attention = VaswaniMultiHeadAttention(config, layer_idx, is_causal=True)
+        self.self_attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.cross_attention = VaswaniMultiHeadAttention(config, layer_idx)
+        self.cross_attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.feed_forward = VaswaniFeedForward(config)
+        self.feed_forward_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attended, _ = self.self_attention(
+            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
+        )
+        hidden_states = self.self_attention_norm(hidden_states + self.dropout(attended))
+        attended, _ = self.cross_attention(
+            hidden_states,
+            attention_mask=encoder_attention_mask,
+            key_value_states=encoder_hidden_states,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = self.cross_attention_norm(hidden_states + self.dropout(attended))
+        return self.feed_forward_norm(hidden_states + self.dropout(self.feed_forward(hidden_states)))
+
+
+class VaswaniPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and transformers plumbing shared by the stacks and the full models."""
+
+    config: VaswaniConfig
+    config_class = VaswaniConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """As the reference code (tensor2tensor): uniform unit scaling for projections, N(0, d_model^-0.5) embeddings."""
+        if isinstance(module, nn.Linear):
+            bound = math.sqrt(3.0 / module.in_features)  # variance 1 / fan_in
+            init.uniform_(module.weight, -bound, bound)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        # transformers applies `_tied_weights_keys` only under config.tie_word_embeddings, but sharing the source and
+        # target embeddings (§3.4) is a switch of its own: the mapping built in __init__ already reflects both.
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys or {})
+
+
+class VaswaniEncoder(VaswaniPreTrainedModel):
+    """§3.1 encoder: embedded source, then a stack of N encoder layers."""
+
+    _can_record_outputs = {"hidden_states": VaswaniEncoderLayer, "attentions": VaswaniMultiHeadAttention}
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__(config)
+        self.embeddings = VaswaniEmbeddings(config)
+        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.embed_tokens = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutput:
+        hidden_states = self.embeddings(input_ids, inputs_embeds)
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VaswaniDecoder(VaswaniPreTrainedModel):
+    """§3.1 decoder: embedded target (shifted right), then a stack of N decoder layers attending to the encoder."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniDecoderLayer,
+        "attentions": OutputRecorder(VaswaniMultiHeadAttention, index=1, layer_name="self_attention"),
+        "cross_attentions": OutputRecorder(VaswaniMultiHeadAttention, index=1, layer_name="cross_attention"),
+    }
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__(config)
+        self.embeddings = VaswaniEmbeddings(config)
+        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.embed_tokens = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if encoder_hidden_states is None:
+            raise ValueError("the decoder needs encoder_hidden_states (or encoder_outputs) to attend to")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embeddings(input_ids, inputs_embeds, past_length)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, so that gradient checkpointing passes it through
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs for teacher forcing: the targets moved one step right behind the start token (§3.1)."""
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class VaswaniModel(VaswaniPreTrainedModel):
+    """The encoder-decoder of Figure 1 without the output projection: returns the decoder's last hidden states."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__(config)
+        self.encoder = VaswaniEncoder(config)
+        self.decoder = VaswaniDecoder(config)
+        if config.share_embeddings:
+            self._tied_weights_keys = {"decoder.embeddings.embed_tokens.weight": "encoder.embeddings.embed_tokens.weight"}
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder.set_input_embeddings(value)
+        if self.config.share_embeddings:
+            self.decoder.set_input_embeddings(value)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+    """Figure 1 whole: the encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__(config)
+        self.model = VaswaniModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._tied_weights_keys = {f"model.{k}": f"model.{v}" for k, v in self.model._tied_weights_keys.items()}
+        if config.tie_word_embeddings:
+            source = "encoder" if config.share_embeddings else "decoder"
+            self._tied_weights_keys["lm_head.weight"] = f"model.{source}.embeddings.embed_tokens.weight"
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels: target token ids; -100 and the padding id are ignored by the loss. When given without decoder inputs,
+            the decoder is fed the labels shifted right behind `decoder_start_token_id`.
+        num_items_in_batch: number of target tokens in the whole (accumulated) batch, passed by Trainer; the summed
+            loss is divided by it so that gradient accumulation equals one large batch.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """§5.4 label smoothing: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over target tokens."""
+        labels = labels.masked_fill(labels == self.config.pad_token_id, -100).to(logits.device)
+        total = nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.flatten(),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=self.config.label_smoothing,
+        )
+        denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+        return total / denominator
+
+
+__all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]
