@@ -80,8 +80,17 @@ class VaswaniConfig(PreTrainedConfig):
 
     def _check_values(self) -> None:
         # Raise plain ValueErrors naming the field: strict's own validators wrap errors in a non-ValueError class.
-        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "encoder_layers", "decoder_layers",
-                     "max_position_embeddings", "d_k", "d_v"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "d_ff",
+            "num_heads",
+            "encoder_layers",
+            "decoder_layers",
+            "max_position_embeddings",
+            "d_k",
+            "d_v",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
@@ -95,9 +104,7 @@ class VaswaniConfig(PreTrainedConfig):
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
         if self.positional_encoding not in ("sinusoidal", "learned"):
-            raise ValueError(
-                f"positional_encoding must be 'sinusoidal' or 'learned', got {self.positional_encoding!r}"
-            )
+            raise ValueError(f"positional_encoding must be 'sinusoidal' or 'learned', got {self.positional_encoding!r}")
         if self.positional_encoding == "sinusoidal" and self.d_model % 2 != 0:
             raise ValueError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
         if self.layer_norm_eps <= 0:

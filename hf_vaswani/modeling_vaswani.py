@@ -44,7 +44,7 @@ def scaled_dot_product_attention(
     """§3.2.1, Eq. 1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, masked scores pushed to -inf first.
 
     The "eager" entry of transformers' attention interface; sdpa, flex and others compute the same function.
-    Shapes: query/key (batch, heads, length, d_k), value (batch, heads, length, d_v); returns (batch, length, heads, d_v).
+    Shapes: query/key (batch, heads, len, d_k), value (batch, heads, len, d_v); returns (batch, len, heads, d_v).
     """
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -89,7 +89,9 @@ class VaswaniMultiHeadAttention(nn.Module):
         is_cross_attention = key_value_states is not None
         cache = None
         if past_key_values is not None:
-            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+            cache = (
+                past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+            )
         if is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
             # Encoder outputs do not change while decoding: their keys and values are computed once per generation.
             key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
@@ -151,7 +153,11 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
     """Table 3 row (E): learned positional embeddings instead of sinusoids, for positions < max_position_embeddings."""
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and position_ids.numel() and int(position_ids.max()) >= self.num_embeddings:
+        if (
+            not torch.compiler.is_compiling()
+            and position_ids.numel()
+            and int(position_ids.max()) >= self.num_embeddings
+        ):
             raise ValueError(
                 f"position {int(position_ids.max())} is beyond max_position_embeddings={self.num_embeddings} of the "
                 "learned positional embeddings; use sinusoidal positional_encoding for unbounded lengths"
@@ -253,7 +259,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """As the reference code (tensor2tensor): uniform unit scaling for projections, N(0, d_model^-0.5) embeddings."""
+        """Reference-code (tensor2tensor) init: uniform unit scaling for projections, N(0, d_model^-0.5) embeddings."""
         if isinstance(module, nn.Linear):
             bound = math.sqrt(3.0 / module.in_features)  # variance 1 / fan_in
             init.uniform_(module.weight, -bound, bound)
@@ -369,7 +375,9 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 past_key_values=past_key_values,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -387,7 +395,9 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config)
         self.decoder = VaswaniDecoder(config)
         if config.share_embeddings:
-            self._tied_weights_keys = {"decoder.embeddings.embed_tokens.weight": "encoder.embeddings.embed_tokens.weight"}
+            self._tied_weights_keys = {
+                "decoder.embeddings.embed_tokens.weight": "encoder.embeddings.embed_tokens.weight"
+            }
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -441,13 +451,13 @@ class VaswaniModel(VaswaniPreTrainedModel):
 
 
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
-    """Figure 1 whole: the encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
+    """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self._tied_weights_keys = {f"model.{k}": f"model.{v}" for k, v in self.model._tied_weights_keys.items()}
+        self._tied_weights_keys = {f"model.{k}": f"model.{v}" for k, v in (self.model._tied_weights_keys or {}).items()}
         if config.tie_word_embeddings:
             source = "encoder" if config.share_embeddings else "decoder"
             self._tied_weights_keys["lm_head.weight"] = f"model.{source}.embeddings.embed_tokens.weight"

@@ -1,0 +1,400 @@
+"""The model against independent references: torch.nn.Transformer, the paper's formulas, and its other paths."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import hf_vaswani  # noqa: F401  (registers the Auto classes)
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from hf_vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+
+
+def make_model(attn_implementation: str = "sdpa", seed: int = 0, **kwargs) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = VaswaniConfig(**kwargs)
+    return VaswaniForConditionalGeneration._from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def padded_batch(vocab_size: int, lengths: list[int], pad_token_id: int = 0, seed: int = 1):
+    """Random token ids (never special ids 0-3) right-padded to the longest length, with the attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab_size, (len(lengths), max(lengths)), generator=generator)
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, pad_token_id), mask.long()
+
+
+# --- torch.nn.Transformer as the reference for the stacks ------------------------------------------------------------
+
+
+def copy_attention(ours, theirs: nn.MultiheadAttention) -> None:
+    theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    theirs.out_proj.weight.copy_(ours.out_proj.weight)
+    theirs.out_proj.bias.copy_(ours.out_proj.bias)
+
+
+def copy_norm(ours: nn.LayerNorm, theirs: nn.LayerNorm) -> None:
+    theirs.weight.copy_(ours.weight)
+    theirs.bias.copy_(ours.bias)
+
+
+def copy_feed_forward(ours, theirs) -> None:
+    for src, dst in ((ours.fc1, theirs.linear1), (ours.fc2, theirs.linear2)):
+        dst.weight.copy_(src.weight)
+        dst.bias.copy_(src.bias)
+
+
+@torch.no_grad()
+def reference_transformer(model: VaswaniModel, config: VaswaniConfig) -> nn.Transformer:
+    """torch's post-LN ReLU Transformer holding our weights; its extra final LayerNorms are removed (not in §3.1)."""
+    reference = nn.Transformer(
+        d_model=config.d_model,
+        nhead=config.num_heads,
+        num_encoder_layers=config.encoder_layers,
+        num_decoder_layers=config.decoder_layers,
+        dim_feedforward=config.d_ff,
+        dropout=0.0,
+        activation="relu",
+        layer_norm_eps=config.layer_norm_eps,
+        batch_first=True,
+        norm_first=False,
+    ).eval()
+    reference.encoder.norm = None
+    reference.decoder.norm = None
+    for ours, theirs in zip(model.encoder.layers, reference.encoder.layers, strict=True):
+        copy_attention(ours.self_attention, theirs.self_attn)
+        copy_norm(ours.self_attention_norm, theirs.norm1)
+        copy_feed_forward(ours.feed_forward, theirs)
+        copy_norm(ours.feed_forward_norm, theirs.norm2)
+    for ours, theirs in zip(model.decoder.layers, reference.decoder.layers, strict=True):
+        copy_attention(ours.self_attention, theirs.self_attn)
+        copy_norm(ours.self_attention_norm, theirs.norm1)
+        copy_attention(ours.cross_attention, theirs.multihead_attn)
+        copy_norm(ours.cross_attention_norm, theirs.norm2)
+        copy_feed_forward(ours.feed_forward, theirs)
+        copy_norm(ours.feed_forward_norm, theirs.norm3)
+    return reference
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_stacks_equal_torch_nn_transformer(attn_implementation: str) -> None:
+    model = make_model(
+        attn_implementation,
+        vocab_size=53,
+        d_model=32,
+        d_ff=48,
+        num_heads=4,
+        encoder_layers=2,
+        decoder_layers=3,
+        dropout=0.0,
+    )
+    config = model.config
+    # Non-trivial LayerNorm parameters and biases, so that a mis-wired norm or bias cannot go unnoticed.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    reference = reference_transformer(model.model, config)
+
+    source, source_mask = padded_batch(config.vocab_size, [7, 4, 6])
+    target, target_mask = padded_batch(config.vocab_size, [5, 5, 2], seed=2)
+    with torch.no_grad():
+        ours = model.model(
+            input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
+        )
+        source_embedded = model.model.encoder.embeddings(source, None)
+        target_embedded = model.model.decoder.embeddings(target, None)
+        memory = reference.encoder(source_embedded, src_key_padding_mask=~source_mask.bool())
+        causal = torch.ones(target.shape[1], target.shape[1], dtype=torch.bool).triu(1)
+        decoded = reference.decoder(
+            target_embedded,
+            memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            tgt_key_padding_mask=~target_mask.bool(),
+            memory_key_padding_mask=~source_mask.bool(),
+        )
+    real_source, real_target = source_mask.bool(), target_mask.bool()
+    torch.testing.assert_close(ours.encoder_last_hidden_state[real_source], memory[real_source], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.last_hidden_state[real_target], decoded[real_target], atol=1e-5, rtol=0)
+
+
+# --- §3.4 and §3.5 --------------------------------------------------------------------------------------------------
+
+
+def test_positional_encoding_is_the_papers_interleaved_formula() -> None:
+    d_model, positions = 16, 60
+    expected = torch.tensor(
+        [
+            [
+                math.sin(pos / 10000 ** (dim / d_model))
+                if dim % 2 == 0
+                else math.cos(pos / 10000 ** ((dim - 1) / d_model))
+                for dim in range(d_model)
+            ]
+            for pos in range(positions)
+        ],
+        dtype=torch.float64,
+    )
+    computed = VaswaniSinusoidalPositionalEncoding(d_model)(torch.arange(positions))
+    torch.testing.assert_close(computed.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model_and_add_positions(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    ids = torch.tensor([[5, 9, 17, 4]])
+    table = model.model.encoder.embeddings.embed_tokens.weight
+    positions = VaswaniSinusoidalPositionalEncoding(model.config.d_model)(torch.arange(4))
+    expected = table[ids] * math.sqrt(model.config.d_model) + positions
+    torch.testing.assert_close(model.model.encoder.embeddings(ids, None), expected)
+    unscaled = make_model(**tiny_config_kwargs, scale_embedding=False)
+    torch.testing.assert_close(
+        unscaled.model.encoder.embeddings(ids, None),
+        unscaled.model.encoder.embeddings.embed_tokens.weight[ids] + positions,
+    )
+
+
+def test_hidden_states_zero_is_the_embedding_output(tiny_config_kwargs: dict) -> None:
+    model = make_model("eager", **tiny_config_kwargs)
+    source, mask = padded_batch(model.config.vocab_size, [6, 3])
+    target, _ = padded_batch(model.config.vocab_size, [4, 4], seed=3)
+    out = model(
+        input_ids=source,
+        attention_mask=mask,
+        decoder_input_ids=target,
+        output_hidden_states=True,
+        output_attentions=True,
+    )
+    assert len(out.encoder_hidden_states) == model.config.encoder_layers + 1
+    assert len(out.decoder_hidden_states) == model.config.decoder_layers + 1
+    torch.testing.assert_close(out.encoder_hidden_states[0], model.model.encoder.embeddings(source, None))
+    torch.testing.assert_close(out.decoder_hidden_states[0], model.model.decoder.embeddings(target, None))
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+    heads = model.config.num_heads
+    assert out.encoder_attentions[0].shape == (2, heads, 6, 6)
+    assert out.decoder_attentions[0].shape == (2, heads, 4, 4)
+    assert out.cross_attentions[0].shape == (2, heads, 4, 6)
+    # Masked keys get no weight; decoder self-attention never looks ahead; every row is a distribution.
+    assert out.encoder_attentions[0][1, :, :, 3:].abs().max() == 0
+    assert out.cross_attentions[0][1, :, :, 3:].abs().max() == 0
+    assert torch.triu(out.decoder_attentions[0], diagonal=1).abs().max() == 0
+    torch.testing.assert_close(out.cross_attentions[1].sum(-1), torch.ones(2, heads, 4))
+
+
+def test_sinusoidal_model_accepts_lengths_beyond_max_position_embeddings(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs, max_position_embeddings=8)
+    source, mask = padded_batch(model.config.vocab_size, [40])
+    logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=source).logits
+    assert logits.shape == (1, 40, model.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_learned_positions_are_trainable_and_refuse_overlong_input(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs, positional_encoding="learned", max_position_embeddings=8)
+    assert isinstance(model.model.encoder.embeddings.positions, nn.Embedding)
+    source, mask = padded_batch(model.config.vocab_size, [8])
+    model(input_ids=source, attention_mask=mask, decoder_input_ids=source)
+    long_source, long_mask = padded_batch(model.config.vocab_size, [9])
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(input_ids=long_source, attention_mask=long_mask, decoder_input_ids=source)
+
+
+# --- weight sharing (§3.4) -------------------------------------------------------------------------------------------
+
+
+def test_three_way_tied_weights_survive_save_and_load(tmp_path, tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    model.save_pretrained(tmp_path)
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    embeddings = (
+        loaded.model.encoder.embeddings.embed_tokens.weight,
+        loaded.model.decoder.embeddings.embed_tokens.weight,
+        loaded.lm_head.weight,
+    )
+    assert len({t.data_ptr() for t in embeddings}) == 1
+    torch.testing.assert_close(embeddings[0], model.lm_head.weight)
+    with torch.no_grad():
+        embeddings[0][7] += 1.0
+    assert torch.equal(embeddings[2][7], embeddings[0][7])
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        assert sum(weights.get_tensor(key).shape == (61, 24) for key in weights.keys()) == 1
+
+
+@pytest.mark.parametrize(("share", "tie"), [(False, True), (True, False), (False, False)])
+def test_sharing_switches_are_independent(tmp_path, tiny_config_kwargs: dict, share: bool, tie: bool) -> None:
+    model = make_model(**tiny_config_kwargs, share_embeddings=share, tie_word_embeddings=tie)
+    model.save_pretrained(tmp_path)
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    encoder = loaded.model.encoder.embeddings.embed_tokens.weight
+    decoder = loaded.model.decoder.embeddings.embed_tokens.weight
+    assert (encoder.data_ptr() == decoder.data_ptr()) is share
+    assert (loaded.lm_head.weight.data_ptr() == decoder.data_ptr()) is tie
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, msg=name)
+
+
+# --- attention implementations, caching and padding ----------------------------------------------------------------
+
+
+def test_eager_and_sdpa_agree(tiny_config_kwargs: dict) -> None:
+    eager, sdpa = make_model("eager", **tiny_config_kwargs), make_model("sdpa", **tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [9, 2, 5])
+    target, target_mask = padded_batch(61, [6, 3, 6], seed=4)
+    inputs = dict(
+        input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
+    )
+    torch.testing.assert_close(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_incremental_decoding_equals_full_recomputation(attn_implementation: str, tiny_config_kwargs: dict) -> None:
+    model = make_model(attn_implementation, **tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [7, 4])
+    target, _ = padded_batch(61, [6, 6], seed=5)
+    full = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target, use_cache=False).logits
+    encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask)
+    cache, steps = None, []
+    for t in range(target.shape[1]):
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=source_mask,
+            decoder_input_ids=target[:, t : t + 1],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    # The cross-attention keys and values were computed once, from the encoder output, and never grew.
+    assert cache.cross_attention_cache.get_seq_length() == source.shape[1]
+    assert cache.self_attention_cache.get_seq_length() == target.shape[1]
+
+
+def test_generate_with_and_without_cache_agree(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [7, 4, 5])
+    settings = dict(max_new_tokens=8, num_beams=3, do_sample=False)
+    with_cache = model.generate(input_ids=source, attention_mask=source_mask, use_cache=True, **settings)
+    without_cache = model.generate(input_ids=source, attention_mask=source_mask, use_cache=False, **settings)
+    assert torch.equal(with_cache, without_cache)
+
+
+def test_padded_batch_equals_one_by_one(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    lengths = [8, 3, 5]
+    source, source_mask = padded_batch(61, lengths)
+    target, target_mask = padded_batch(61, [4, 6, 2], seed=6)
+    batched = model(
+        input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
+    ).logits
+    greedy = model.generate(
+        input_ids=source, attention_mask=source_mask, max_new_tokens=6, do_sample=False, num_beams=1, min_new_tokens=6
+    )
+    for row, length in enumerate(lengths):
+        target_length = int(target_mask[row].sum())
+        single = model(
+            input_ids=source[row : row + 1, :length], decoder_input_ids=target[row : row + 1, :target_length]
+        ).logits
+        torch.testing.assert_close(batched[row, :target_length], single[0], atol=1e-5, rtol=1e-5)
+        alone = model.generate(
+            input_ids=source[row : row + 1, :length], max_new_tokens=6, do_sample=False, num_beams=1, min_new_tokens=6
+        )
+        assert torch.equal(greedy[row], alone[0])
+
+
+FOUR_LABEL_ROWS = torch.tensor(
+    [[9, 12, 2, -100, -100], [33, 2, -100, -100, -100], [5, 6, 7, 8, 2], [40, 2, -100, -100, -100]]
+)
+
+
+# --- training-time behaviour ------------------------------------------------------------------------------------------
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_config_kwargs: dict) -> None:
+    source, source_mask = padded_batch(61, [7, 4])
+    labels, _ = padded_batch(61, [5, 5], seed=7)
+    grads = []
+    for checkpointing in (False, True):
+        model = make_model(**tiny_config_kwargs).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids=source, attention_mask=source_mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs, label_smoothing=0.1)
+    source, source_mask = padded_batch(61, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])  # -100 and the padding id are both ignored
+    out = model(input_ids=source, attention_mask=source_mask, labels=labels)
+    log_probs = out.logits.double().log_softmax(-1)
+    eps, vocab, total, count = 0.1, 61, 0.0, 0
+    for b in range(2):
+        for t in range(4):
+            y = int(labels[b, t])
+            if y in (-100, 0):
+                continue
+            # Szegedy et al.: q = (1 - eps) * one_hot(y) + eps / V, loss = -sum_k q_k log p_k
+            total += -((1 - eps) * log_probs[b, t, y] + eps / vocab * log_probs[b, t].sum())
+            count += 1
+    assert count == 5
+    assert out.loss.item() == pytest.approx(float(total / count), rel=1e-5)
+    # Decoder inputs were the labels shifted right behind the start token, with ignored positions as padding.
+    expected_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
+    explicit = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=expected_inputs, labels=labels)
+    torch.testing.assert_close(explicit.loss, out.loss)
+
+
+def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [6, 4, 7, 3])
+    labels = FOUR_LABEL_ROWS
+    full = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+    items = int((labels != -100).sum())
+    halves = sum(
+        model(input_ids=source[s], attention_mask=source_mask[s], labels=labels[s], num_items_in_batch=items).loss
+        for s in (slice(0, 2), slice(2, 4))
+    )
+    torch.testing.assert_close(halves, full)
+
+
+def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_config_kwargs: dict) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    source, source_mask = padded_batch(61, [6, 2, 7, 3])
+    labels = FOUR_LABEL_ROWS
+    examples = [dict(input_ids=source[i], attention_mask=source_mask[i], labels=labels[i]) for i in range(4)]
+
+    def collate(batch: list[dict]) -> dict:
+        return {key: torch.stack([example[key] for example in batch]) for key in batch[0]}
+
+    trained = []
+    for batch_size, accumulation in ((4, 1), (2, 2)):
+        model = make_model(**tiny_config_kwargs)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"run{accumulation}"),
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            max_steps=1,
+            learning_rate=0.5,
+            optim="sgd",
+            lr_scheduler_type="constant",
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            seed=0,
+            disable_tqdm=True,
+            logging_strategy="no",
+        )
+        Trainer(model=model, args=args, train_dataset=examples, data_collator=collate).train()
+        trained.append(model.state_dict())
+    initial = make_model(**tiny_config_kwargs).state_dict()
+    assert not torch.allclose(trained[0]["lm_head.weight"], initial["lm_head.weight"])  # a step was really taken
+    for name in trained[0]:
+        torch.testing.assert_close(trained[1][name], trained[0][name], atol=1e-6, rtol=1e-5, msg=name)
