@@ -1,0 +1,173 @@
+"""Shared source-target byte-pair encoding (Vaswani et al., 2017, §5.1), trained with `tokenizers`.
+
+The paper encodes English-German with "byte-pair encoding, which has a shared source-target vocabulary of about
+37000 tokens": one BPE model is learnt on the concatenation of both sides, so the encoder and decoder embeddings (and
+the pre-softmax projection, which the paper ties to them) index the same vocabulary.
+
+Design choices, and why:
+
+* **Byte-level BPE** (GPT-2 style `ByteLevel` pre-tokenizer and decoder, no normalizer). The 256 byte symbols are
+  always in the vocabulary, so no input ever maps to `<unk>` (umlauts, CJK, emoji all decompose into bytes at
+  worst), and decoding inverts encoding byte for byte: whitespace runs, tabs, newlines, leading/trailing spaces and
+  Unicode forms (NFC vs NFD) are preserved exactly. Nothing is normalised. The paper's subword-nmt BPE worked on
+  Moses-tokenized text instead and needed detokenization afterwards; byte-level BPE needs neither.
+* No prefix space is added, so a word at the very start of a text is a different token from the same word after a
+  space (`"Haus"` vs `" Haus"`); the price of exact round trips, and standard for byte-level BPE.
+* Special tokens take fixed ids, those the model config defaults to: `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3.
+* Every encoding, source (`tokenizer(text)`) or target (`tokenizer(text_target=...)`), ends with `</s>` and has no
+  `<s>`: the decoder is started with `<s>` (`decoder_start_token_id`), the labels end with `</s>`. The template lives
+  in the backend tokenizer's post-processor, which `save_pretrained` writes into `tokenizer.json`.
+* `split_special_tokens=True`: a literal `"</s>"` inside input text is encoded as ordinary bytes rather than as the
+  control token, so text containing it still round-trips and cannot inject control tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+UNK_TOKEN = "<unk>"
+# Order matters: BpeTrainer gives special tokens the first ids in list order, which must match VaswaniConfig's
+# pad/bos/eos defaults (0, 1, 2).
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+SPECIAL_TOKEN_IDS: dict[str, int] = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+
+# With sinusoidal positions (the default) the model has no length limit; transformers warns about inputs longer than
+# model_max_length and truncates to it when truncation=True without max_length, so make it effectively unbounded.
+MODEL_MAX_LENGTH = 1_000_000
+
+# Smallest vocabulary that still holds every byte plus the special tokens; below it BPE could not encode
+# arbitrary text without <unk>.
+MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
+
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "MIN_VOCAB_SIZE",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "SPECIAL_TOKEN_IDS",
+    "UNK_TOKEN",
+    "train_shared_bpe",
+    "train_shared_bpe_from_dataset",
+]
+
+
+def _check_training_arguments(vocab_size: int, min_frequency: int) -> None:
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs the {MIN_VOCAB_SIZE - len(SPECIAL_TOKENS)} "
+            f"byte symbols plus {len(SPECIAL_TOKENS)} special tokens, i.e. vocab_size >= {MIN_VOCAB_SIZE}"
+        )
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
+
+
+def _train(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE on `texts` (strings or batches of strings) and wrap it for transformers."""
+    _check_training_arguments(vocab_size, min_frequency)
+
+    # unk_token is set for completeness only: with the full byte alphabet in the vocabulary it is never produced.
+    backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        # Seed with all 256 bytes, not just those seen in training, so unseen characters stay encodable.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+
+    for token, expected_id in SPECIAL_TOKEN_IDS.items():
+        actual_id = backend.token_to_id(token)
+        if actual_id != expected_id:  # would silently break the model config's pad/bos/eos ids
+            raise RuntimeError(f"special token {token!r} got id {actual_id}, expected {expected_id}")
+
+    # Pair template is there for completeness (e.g. tokenizer(a, b)); each segment is closed by </s>.
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"$A:0 {EOS_TOKEN}:0",
+        pair=f"$A:0 {EOS_TOKEN}:0 $B:1 {EOS_TOKEN}:1",
+        special_tokens=[(EOS_TOKEN, SPECIAL_TOKEN_IDS[EOS_TOKEN])],
+    )
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=MODEL_MAX_LENGTH,
+        padding_side="right",
+        # The default clean-up would delete spaces before punctuation (" ." -> ".") and break exact round trips.
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=True,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Learn one byte-level BPE vocabulary on source and target text together (the paper's shared vocabulary).
+
+    Args:
+        texts: training sentences, source and target sides mixed (e.g. `chain(sources, targets)`); any iterable,
+            consumed once.
+        vocab_size: upper bound on the final vocabulary, special tokens and the 256 byte symbols included, so it must
+            be at least `MIN_VOCAB_SIZE` (260). The result can be smaller when the corpus has too few frequent pairs.
+        min_frequency: a pair must occur at least this often to be merged.
+
+    Returns:
+        A fast tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every encoding, source
+        and `text_target` alike. `save_pretrained` writes `tokenizer_class: "TokenizersBackend"` (transformers 5's
+        name for `PreTrainedTokenizerFast`), which `AutoTokenizer.from_pretrained` loads back unchanged.
+
+    Raises:
+        ValueError: if `vocab_size` < `MIN_VOCAB_SIZE`, `min_frequency` < 1, or `texts` is a single string.
+    """
+    if isinstance(texts, str):  # iterating a str would train on its characters one by one
+        raise ValueError("texts must be an iterable of strings, not a single string")
+    return _train(texts, vocab_size, min_frequency)
+
+
+def _dataset_batches(dataset: Dataset, columns: Sequence[str], batch_size: int) -> Iterator[list[str]]:
+    # Batched slicing reads Arrow columns in bulk, much faster than row-by-row access; tokenizers accepts batches.
+    for start in range(0, len(dataset), batch_size):
+        batch = dataset[start : start + batch_size]
+        for column in columns:
+            yield [text for text in batch[column] if text]
+
+
+def train_shared_bpe_from_dataset(
+    dataset: Dataset,
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    columns: Sequence[str] = ("source", "target"),
+    batch_size: int = 1000,
+) -> PreTrainedTokenizerFast:
+    """`train_shared_bpe` on the text columns of a `datasets.Dataset` (by default `source` and `target`).
+
+    Both columns feed the same BPE model, so the vocabulary is shared. Empty or missing (None) texts are skipped.
+
+    Raises:
+        ValueError: if a column is missing, `batch_size` < 1, or the vocabulary arguments are invalid.
+    """
+    if isinstance(columns, str):
+        columns = (columns,)
+    missing = [column for column in columns if column not in dataset.column_names]
+    if missing:
+        raise ValueError(f"dataset has no column(s) {missing}; its columns are {dataset.column_names}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    _check_training_arguments(vocab_size, min_frequency)  # fail before iterating a possibly large dataset
+    return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency)
