@@ -5,7 +5,7 @@ PYTHON ?= python3
 # CPU build of torch where no GPU is present: an unpinned torch pulls several GB of CUDA packages.
 install:
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PYTHON) -m pip install torch; \
-	else $(PYTHON) -m pip install torch==2.13.0 || $(PYTHON) -m pip install torch --index-url https://download.pytorch.org/whl/cpu; fi
+	else $(PYTHON) -m pip install torch==2.13.0; fi
 	$(PYTHON) -m pip install -e ".[dev]"
 
 test:

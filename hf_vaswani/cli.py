@@ -1,0 +1,178 @@
+"""The `vaswani` command: thin argument parsing over the library."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .recipe import DEMO_SETTINGS, PRESETS, RecipeSettings, run_recipe
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """`key=value` with the value read as JSON when it parses (numbers, booleans), else as a string."""
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--data",
+        choices=["synthetic", "files", "hub"],
+        default="synthetic",
+        help="the embedded corpus, local files, or a Hub translation dataset",
+    )
+    data.add_argument("--train", nargs="+", metavar="PATH", help="SRC TGT plain-text files, or one .tsv/.jsonl file")
+    data.add_argument("--validation", nargs="+", metavar="PATH")
+    data.add_argument("--test", nargs="+", metavar="PATH")
+    data.add_argument("--hub-name", help="e.g. wmt14 (with --data hub)")
+    data.add_argument("--hub-config", help="e.g. de-en (with --data hub)")
+    data.add_argument("--source-lang", default="en")
+    data.add_argument("--target-lang", default="de")
+    data.add_argument("--seed", type=int, default=0)
+
+
+def load_data(args: argparse.Namespace):
+    from .data import load_corpus
+
+    if args.data == "synthetic":
+        return load_corpus("synthetic", seed=args.seed)
+    if args.data == "hub":
+        if not args.hub_name:
+            raise SystemExit("--data hub needs --hub-name")
+        return load_corpus(
+            "hub",
+            name=args.hub_name,
+            config=args.hub_config,
+            source_lang=args.source_lang,
+            target_lang=args.target_lang,
+        )
+    if not args.train or not args.test:
+        raise SystemExit("--data files needs --train and --test")
+    splits = {
+        name: paths[0] if len(paths) == 1 else tuple(paths)
+        for name in ("train", "validation", "test")
+        if (paths := getattr(args, name))
+    }
+    return load_corpus("files", **splits)
+
+
+def command_demo(args: argparse.Namespace) -> None:
+    from .data import make_synthetic_corpus
+
+    results = run_recipe(
+        make_synthetic_corpus(seed=args.seed), args.output_dir, DEMO_SETTINGS, dataset_name="hf_vaswani-synthetic-en-de"
+    )
+    print_summary(results, Path(args.output_dir))
+
+
+def command_train(args: argparse.Namespace) -> None:
+    settings = RecipeSettings(
+        preset=args.preset,
+        model_overrides=dict(args.model_override),
+        vocab_size=args.vocab_size,
+        max_tokens=args.max_tokens,
+        update_freq=args.update_freq,
+        warmup_steps=args.warmup_steps,
+        max_steps=args.max_steps,
+        label_smoothing=args.label_smoothing,
+        average_last=args.average_last,
+        save_steps=args.save_steps,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        bf16=args.bf16,
+    )
+    corpus = load_data(args)
+    name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
+    results = run_recipe(corpus, args.output_dir, settings, args.source_lang, args.target_lang, dataset_name=name)
+    if results:
+        print_summary(results, Path(args.output_dir))
+
+
+def command_average(args: argparse.Namespace) -> None:
+    from .averaging import average_checkpoints, last_checkpoints
+
+    checkpoints = args.checkpoints or last_checkpoints(args.checkpoint_dir, args.last)
+    print(average_checkpoints(checkpoints, args.output))
+
+
+def print_summary(results: dict, output_dir: Path) -> None:
+    print(
+        f"\nsacreBLEU {results['bleu']}  chrF2 {results['chrf']}  tokenized BLEU {results['tokenized_bleu']}  "
+        f"({results['steps']} steps, {results['train_seconds']} s training, {results['total_seconds']} s in all)"
+    )
+    for example in results["examples"][:3]:
+        print(
+            f"  source:      {example['source']}\n  reference:   {example['reference']}\n"
+            f"  translation: {example['translation']}\n"
+        )
+    print(
+        f"model folder: {output_dir / 'model'}\nresults: {output_dir / 'results.json'}\n"
+        f"curves: {output_dir / 'training_curves.png'}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="the main job: corpus, tokenizer, training, averaging, BLEU, model folder")
+    demo.add_argument("--output-dir", required=True, type=Path)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(handler=command_demo)
+
+    train = commands.add_parser("train", help="the paper's recipe on a corpus of your choice")
+    train.add_argument("--output-dir", required=True, type=Path)
+    train.add_argument("--preset", choices=sorted(PRESETS), default="base")
+    train.add_argument(
+        "--model-override",
+        type=parse_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a config field of the preset, e.g. d_model=256 (repeatable)",
+    )
+    defaults = RecipeSettings()
+    for name, kind in (
+        ("vocab_size", int),
+        ("max_tokens", int),
+        ("update_freq", int),
+        ("warmup_steps", int),
+        ("max_steps", int),
+        ("label_smoothing", float),
+        ("average_last", int),
+        ("save_steps", int),
+        ("logging_steps", int),
+    ):
+        train.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    train.add_argument("--bf16", action="store_true", help="bf16 mixed precision (GPU)")
+    add_data_arguments(train)
+    train.set_defaults(handler=command_train)
+
+    average = commands.add_parser("average", help="average checkpoints into one loadable model (§6.1)")
+    average.add_argument("checkpoints", nargs="*", type=Path)
+    average.add_argument("--checkpoint-dir", type=Path, help="take the last N checkpoint-* folders of this directory")
+    average.add_argument("--last", type=int, default=5)
+    average.add_argument("--output", required=True, type=Path)
+    average.set_defaults(handler=command_average)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "average" and not args.checkpoints and not args.checkpoint_dir:
+        raise SystemExit("vaswani average: give checkpoint folders or --checkpoint-dir")
+    try:
+        args.handler(args)
+    except ValueError as error:  # bad input: a clear message, not a traceback
+        print(f"vaswani {args.command}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The training recipe: Eq. 3 against the formula, stock Seq2SeqTrainer fine-tuning, token batches, the whole recipe."""
+
+import json
+import math
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    get_scheduler,
+)
+
+import hf_vaswani  # noqa: F401
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.recipe import RecipeSettings, run_recipe
+from hf_vaswani.tokenization import train_shared_bpe
+from hf_vaswani.training import (
+    VaswaniTrainer,
+    paper_learning_rate,
+    paper_lr_scheduler,
+    paper_training_arguments,
+    tokenize_corpus,
+)
+
+PAIRS = [
+    ("the dog sleeps .", "der Hund schläft ."),
+    ("the cat sleeps .", "die Katze schläft ."),
+    ("the dog sees the cat .", "der Hund sieht die Katze ."),
+    ("the cat sees the dog .", "die Katze sieht den Hund ."),
+    ("today the dog sleeps .", "heute schläft der Hund ."),
+    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
+    ("the man sees the woman .", "der Mann sieht die Frau ."),
+    ("the woman sees the man .", "die Frau sieht den Mann ."),
+]
+
+
+def eq3(step: int, d_model: int, warmup: int) -> float:
+    """Written from the paper, independently of the library: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+    return d_model**-0.5 * min(1 / math.sqrt(step), step / warmup**1.5)
+
+
+def test_schedule_is_equation_3_from_the_first_update() -> None:
+    d_model, warmup = 512, 40
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = paper_lr_scheduler(optimizer, d_model, warmup)
+    for step in range(1, 200):
+        # the learning rate used by update number `step` (1-based, as in the paper)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(eq3(step, d_model, warmup), rel=1e-12)
+        assert paper_learning_rate(step, d_model, warmup) == pytest.approx(eq3(step, d_model, warmup), rel=1e-12)
+        optimizer.step()
+        scheduler.step()
+    assert max(eq3(s, d_model, warmup) for s in range(1, 200)) == pytest.approx(eq3(warmup, d_model, warmup))
+
+
+def test_transformers_inverse_sqrt_lags_equation_3_by_one_update() -> None:
+    """Why Eq. 3 is written out: HF's schedule with lr (d_model * warmup)^-0.5 is the same curve, one step late."""
+    d_model, warmup = 512, 40
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=(d_model * warmup) ** -0.5)
+    scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=warmup)
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the first update would not move the weights
+    for step in range(2, 200):
+        optimizer.step()
+        scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(eq3(step - 1, d_model, warmup), rel=1e-9)
+
+
+def test_paper_training_arguments_are_section_5_3() -> None:
+    args = paper_training_arguments("unused")
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay) == (0.9, 0.98, 1e-9, 0.0)
+    assert args.warmup_steps == 4000
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_shared_bpe([text for pair in PAIRS for text in pair], vocab_size=300, min_frequency=1)
+
+
+@pytest.fixture
+def saved_model(tmp_path, tokenizer):
+    """A model saved with its tokenizer, as a user would fine-tune it."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer), d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1
+    )
+    model = VaswaniForConditionalGeneration(config)
+    model.generation_config.max_new_tokens = 12
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_stock_seq2seq_trainer_fine_tunes_with_predict_with_generate(tmp_path, saved_model) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(saved_model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
+    data = Dataset.from_dict({"source": [s for s, _ in PAIRS], "target": [t for _, t in PAIRS]})
+    tokenized = tokenize_corpus(data, tokenizer)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=30,
+        learning_rate=3e-3,
+        predict_with_generate=True,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=10,
+    )
+    decoded: list[list[str]] = []
+
+    def compute_metrics(prediction) -> dict:
+        ids = prediction.predictions
+        ids = ids.clip(min=0)  # generated sequences are padded with -100 by the Trainer across batches
+        decoded.append(tokenizer.batch_decode(ids, skip_special_tokens=True))
+        return {"generated": len(decoded[-1])}
+
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=tokenized,
+        eval_dataset=tokenized,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+    )
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] < before - 0.5, (before, metrics)
+    assert metrics["eval_generated"] == len(PAIRS)
+    assert all(isinstance(text, str) for text in decoded[-1])
+
+
+def test_vaswani_trainer_uses_token_batches_and_equation_3(tmp_path, saved_model) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(saved_model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
+    data = Dataset.from_dict({"source": [s for s, _ in PAIRS] * 4, "target": [t for _, t in PAIRS] * 4})
+    tokenized = tokenize_corpus(data, tokenizer)
+    args = paper_training_arguments(
+        tmp_path / "out",
+        max_steps=12,
+        warmup_steps=5,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=1,
+    )
+    trainer = VaswaniTrainer(
+        model=model,
+        args=args,
+        train_dataset=tokenized,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        max_tokens=40,
+    )
+    loader = trainer.get_train_dataloader()
+    for batch in loader:
+        assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40
+    trainer.train()
+    rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    assert rates[:6] == pytest.approx([eq3(step, model.config.d_model, 5) for step in range(1, 7)], rel=1e-6)
+
+
+def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
+    corpus = DatasetDict(
+        {
+            "train": Dataset.from_dict({"source": [s for s, _ in PAIRS] * 6, "target": [t for _, t in PAIRS] * 6}),
+            "test": Dataset.from_dict({"source": [s for s, _ in PAIRS[:3]], "target": [t for _, t in PAIRS[:3]]}),
+        }
+    )
+    settings = RecipeSettings(
+        model_overrides=dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1),
+        vocab_size=300,
+        max_tokens=64,
+        warmup_steps=10,
+        max_steps=20,
+        save_steps=4,
+        logging_steps=2,
+        average_last=3,
+        num_beams=2,
+    )
+    results = run_recipe(corpus, tmp_path, settings, dataset_name="toy")
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["steps"] == 20 and 0 <= written["bleu"] <= 100 and "chrf" in written
+    assert (tmp_path / "training_curves.png").stat().st_size > 10_000
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert card.startswith("---\n") and f"value: {results['bleu']}" in card and "$" not in card.split("---")[1]
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    # The saved weights are the average of the last 3 checkpoints, not the last one.
+    checkpoints = sorted((tmp_path / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    states = [VaswaniForConditionalGeneration.from_pretrained(p).state_dict() for p in checkpoints[-3:]]
+    expected = torch.stack([s["lm_head.weight"] for s in states]).mean(0)
+    torch.testing.assert_close(model.state_dict()["lm_head.weight"], expected)
+    out = model.generate(**tokenizer(["the dog sleeps ."], return_tensors="pt"), max_new_tokens=8)
+    assert isinstance(tokenizer.decode(out[0], skip_special_tokens=True), str)
