@@ -101,6 +101,36 @@ def command_average(args: argparse.Namespace) -> None:
     print(average_checkpoints(checkpoints, args.output))
 
 
+def command_translate(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .inference import translate
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    with open(args.input, encoding="utf-8") if args.input else sys.stdin as source:
+        sentences = [line.rstrip("\n") for line in source]
+    options = {
+        name: value
+        for name in ("num_beams", "length_penalty", "max_new_tokens")
+        if (value := getattr(args, name)) is not None
+    }
+    translations = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
+    with open(args.output, "w", encoding="utf-8") if args.output else sys.stdout as target:
+        target.writelines(line + "\n" for line in translations)
+
+
+def command_plot_attention(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .plots import plot_attention
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    for path in plot_attention(model, tokenizer, args.sentence, args.output_dir, layer=args.layer):
+        print(path)
+
+
 def print_summary(results: dict, output_dir: Path) -> None:
     print(
         f"\nsacreBLEU {results['bleu']}  chrF2 {results['chrf']}  tokenized BLEU {results['tokenized_bleu']}  "
@@ -160,7 +190,30 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--last", type=int, default=5)
     average.add_argument("--output", required=True, type=Path)
     average.set_defaults(handler=command_average)
+    translate = commands.add_parser("translate", help="translate a file or stdin, one sentence a line")
+    translate.add_argument("model", help="a saved model folder (or Hub id)")
+    translate.add_argument("--input", type=Path, help="default: stdin")
+    translate.add_argument("--output", type=Path, help="default: stdout")
+    translate.add_argument("--batch-size", type=int, default=64)
+    translate.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
+    translate.add_argument("--length-penalty", type=float, help="GNMT alpha; default: the model's (paper: 0.6)")
+    translate.add_argument("--max-new-tokens", type=int, help="an absolute cap on top of source length + 50")
+    translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    translate.set_defaults(handler=command_translate)
+
+    plot = commands.add_parser("plot-attention", help="heatmaps of all heads of a layer for one sentence (PNG)")
+    plot.add_argument("model", help="a saved model folder (or Hub id)")
+    plot.add_argument("--sentence", required=True)
+    plot.add_argument("--layer", type=int, default=-1, help="0-based; -1 is the last layer")
+    plot.add_argument("--output-dir", type=Path, default=Path("attention_plots"))
+    plot.set_defaults(handler=command_plot_attention)
     return parser
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import PaperDecodingMixin, paper_generation_config
 
 
 def scaled_dot_product_attention(
@@ -450,7 +451,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
-class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin, GenerationMixin):
     """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
 
     def __init__(self, config: VaswaniConfig) -> None:
@@ -462,6 +463,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             source = "encoder" if config.share_embeddings else "decoder"
             self._tied_weights_keys["lm_head.weight"] = f"model.{source}.embeddings.embed_tokens.weight"
         self.post_init()
+        self.generation_config = paper_generation_config(config)  # §6.1 decoding unless a saved config says otherwise
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()

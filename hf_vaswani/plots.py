@@ -26,3 +26,54 @@ def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Pa
     figure.savefig(output_path, dpi=120)
     plt.close(figure)
     return output_path
+
+
+def attention_maps(model, tokenizer, sentence: str, layer: int = -1) -> dict:
+    """Attention weights of one layer for `sentence` and the model's own translation of it, with token labels."""
+    import torch
+
+    model.eval()
+    model.set_attn_implementation("eager")  # the weights themselves: sdpa does not return them
+    source = tokenizer(sentence, return_tensors="pt").to(model.device)
+    with torch.inference_mode():
+        translation = model.generate(**source)
+        out = model(**source, decoder_input_ids=translation, output_attentions=True)
+    source_tokens = tokenizer.convert_ids_to_tokens(source["input_ids"][0])
+    target_tokens = tokenizer.convert_ids_to_tokens(translation[0])
+    return {
+        "translation": tokenizer.decode(translation[0], skip_special_tokens=True),
+        "encoder self-attention": (out.encoder_attentions[layer][0], source_tokens, source_tokens),
+        "decoder self-attention": (out.decoder_attentions[layer][0], target_tokens, target_tokens),
+        "encoder-decoder attention": (out.cross_attentions[layer][0], target_tokens, source_tokens),
+    }
+
+
+def plot_attention(model, tokenizer, sentence: str, output_dir: str | Path, layer: int = -1) -> list[Path]:
+    """Heatmaps of every head of one layer, for each kind of attention (as the paper's figures 3-5), as PNG."""
+    maps = attention_maps(model, tokenizer, sentence, layer)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind, (weights, query_tokens, key_tokens) in list(maps.items())[1:]:
+        heads = weights.shape[0]
+        columns = min(heads, 4)
+        rows = -(-heads // columns)
+        size = 0.28 * max(len(query_tokens), len(key_tokens)) + 1.5
+        figure, axes = plt.subplots(rows, columns, figsize=(columns * size, rows * size), squeeze=False)
+        for head, axis in enumerate(axes.flat):
+            if head >= heads:
+                axis.axis("off")
+                continue
+            axis.imshow(weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            axis.set_title(f"head {head + 1}", fontsize=9)
+            axis.set_xticks(range(len(key_tokens)), [t.replace("Ġ", "_") for t in key_tokens], rotation=90, fontsize=7)
+            axis.set_yticks(range(len(query_tokens)), [t.replace("Ġ", "_") for t in query_tokens], fontsize=7)
+        figure.suptitle(
+            f"{kind}, layer {layer if layer >= 0 else 'last'}: {sentence!r} -> {maps['translation']!r}", fontsize=10
+        )
+        figure.tight_layout()
+        path = output_dir / f"{kind.split()[0].replace('-', '_')}_attention.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written

@@ -8,9 +8,11 @@ from pathlib import Path
 from string import Template
 
 from datasets import DatasetDict
-from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerBase
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
 
+from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import paper_generation_config
 from .inference import translate
 from .metrics import corpus_scores, tokenized_bleu
 from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -92,15 +94,8 @@ def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) ->
         **settings.model_overrides,
     )
     model = VaswaniForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        decoder_start_token_id=config.decoder_start_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        num_beams=settings.num_beams,
-        length_penalty=settings.length_penalty,
-        early_stopping=True,
-        max_length=256,
+    model.generation_config = paper_generation_config(
+        config, num_beams=settings.num_beams, length_penalty=settings.length_penalty
     )
     return model
 
@@ -163,8 +158,7 @@ def run_recipe(
     scores = corpus_scores(hypotheses, references)
 
     model_dir = output_dir / "model"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_model_folder(model, tokenizer, model_dir)
     results = {
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
@@ -228,8 +222,10 @@ def write_model_card(
         settings_table="\n".join(f"| {name} | {paper} | {ours} |" for name, paper, ours in rows),
         deviations=", ".join(deviations) + "." if deviations else "none.",
         decoding=(
-            f"beam {settings.num_beams}, length penalty {settings.length_penalty} in transformers' form "
-            "(score / length^alpha)."
+            f"beam {settings.num_beams}, GNMT length penalty ((5 + |Y|) / 6)^alpha with alpha "
+            f"{settings.length_penalty}, at most source length + 50 output tokens, early termination (§6.1), all "
+            "in generation_config.json. transformers' own penalty (score / |Y|^alpha) instead: "
+            '`model.generate(..., length_penalty_type="power")`.'
         ),
     )
     path = model_dir / "README.md"

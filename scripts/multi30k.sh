@@ -12,5 +12,5 @@ exec vaswani train --output-dir "$output" --data files \
     --preset base \
     --model-override d_model=256 --model-override d_ff=1024 --model-override num_heads=4 \
     --model-override encoder_layers=3 --model-override decoder_layers=3 \
-    --vocab-size 8000 --max-tokens 4096 --warmup-steps 800 --max-steps 3000 \
+    --vocab-size 8000 --max-tokens 2560 --warmup-steps 600 --max-steps 2000 \
     --save-steps 200 --average-last 5 --logging-steps 50 "$@"

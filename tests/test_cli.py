@@ -18,14 +18,36 @@ def test_train_from_local_files(tmp_path) -> None:
     for name, lines in (("train.en", SOURCES), ("train.de", TARGETS)):
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     tiny = ["d_model=32", "d_ff=64", "num_heads=4", "encoder_layers=1", "decoder_layers=1"]
-    main([
-        "train", "--output-dir", str(tmp_path / "run"), "--data", "files",
-        "--train", str(tmp_path / "train.en"), str(tmp_path / "train.de"),
-        "--test", str(tmp_path / "train.en"), str(tmp_path / "train.de"),
-        *[arg for override in tiny for arg in ("--model-override", override)],
-        "--vocab-size", "300", "--max-tokens", "64", "--warmup-steps", "4", "--max-steps", "6", "--save-steps", "2",
-        "--average-last", "3", "--logging-steps", "2",
-    ])
+    main(
+        [
+            "train",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--data",
+            "files",
+            "--train",
+            str(tmp_path / "train.en"),
+            str(tmp_path / "train.de"),
+            "--test",
+            str(tmp_path / "train.en"),
+            str(tmp_path / "train.de"),
+            *[arg for override in tiny for arg in ("--model-override", override)],
+            "--vocab-size",
+            "300",
+            "--max-tokens",
+            "64",
+            "--warmup-steps",
+            "4",
+            "--max-steps",
+            "6",
+            "--save-steps",
+            "2",
+            "--average-last",
+            "3",
+            "--logging-steps",
+            "2",
+        ]
+    )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
@@ -49,10 +71,25 @@ def test_bad_input_gives_a_message_not_a_traceback(tmp_path) -> None:
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")
     result = subprocess.run(
-        [sys.executable, "-m", "hf_vaswani.cli", "train", "--output-dir", str(tmp_path / "run"), "--data", "files",
-         "--train", str(tmp_path / "a.en"), str(tmp_path / "a.de"), "--test", str(tmp_path / "a.en"),
-         str(tmp_path / "a.de")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hf_vaswani.cli",
+            "train",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--data",
+            "files",
+            "--train",
+            str(tmp_path / "a.en"),
+            str(tmp_path / "a.de"),
+            "--test",
+            str(tmp_path / "a.en"),
+            str(tmp_path / "a.de"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "a.de" in result.stderr and "Traceback" not in result.stderr

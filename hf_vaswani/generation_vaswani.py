@@ -1,0 +1,129 @@
+"""The paper's decoding (§6.1) on top of transformers' `generate`: GNMT length penalty and source-relative lengths.
+
+Beam 4, length penalty alpha = 0.6 in GNMT's form lp(Y) = ((5 + |Y|) / 6)^alpha, at most input length + 50 output
+tokens, early termination. transformers' beam search divides scores by |Y|^length_penalty and knows only absolute
+maximum lengths, so both are added here; everything else (greedy, sampling, caches, compile) is stock `generate`.
+
+Generation-config keys read here (saved in generation_config.json):
+- `length_penalty_type`: "gnmt" (default for this model: `length_penalty` is GNMT's alpha) or "power" (transformers'
+  score / |Y|^length_penalty).
+- `max_new_tokens_over_source`: each sentence stops after (its source length + this many) new tokens, </s> included;
+  None turns the cap off. An explicit `max_new_tokens` / `max_length` still applies on top.
+
+This file travels to the Hub with `trust_remote_code`: it imports only torch and transformers.
+"""
+
+import math
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.modeling_outputs import BaseModelOutput
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """Wu et al. (2016), Eq. 14, as used in §6.1: lp(Y) = ((5 + |Y|) / 6)^alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def equivalent_power(length: int, alpha: float) -> float:
+    """The exponent p with length^p = lp_GNMT(length): what transformers' `score / length^p` needs to divide by lp."""
+    return alpha if length <= 1 else alpha * math.log((5.0 + length) / 6.0) / math.log(length)
+
+
+class SourceLengthCapLogitsProcessor(LogitsProcessor):
+    """Forces </s> once a hypothesis has (its source length + `extra_tokens` - 1) tokens, so none is longer (§6.1)."""
+
+    def __init__(self, source_lengths: torch.Tensor, extra_tokens: int, eos_token_id: int, start_length: int = 1):
+        self.source_lengths = source_lengths
+        self.extra_tokens = extra_tokens
+        self.eos_token_id = eos_token_id
+        self.start_length = start_length  # the decoder prompt (start token) is not output
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # Beam search and num_return_sequences repeat each sentence's rows consecutively.
+        rows_per_sentence = input_ids.shape[0] // self.source_lengths.shape[0]
+        caps = self.source_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence) + self.extra_tokens
+        generated = input_ids.shape[1] - self.start_length
+        at_cap = (generated + 1 >= caps)[:, None]
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.eos_token_id] = 0.0
+        return torch.where(at_cap, forced, scores)
+
+
+class PaperDecodingMixin:
+    """`generate` with §6.1's length penalty and source-relative maximum length; mixed into the generating model."""
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        config = generation_config if generation_config is not None else self.generation_config
+        extra = kwargs.pop("max_new_tokens_over_source", getattr(config, "max_new_tokens_over_source", None))
+        source_lengths = self._source_lengths(inputs, kwargs) if extra is not None else None
+        if source_lengths is not None:
+            if kwargs.get("max_new_tokens") is None and kwargs.get("max_length") is None:
+                kwargs["max_new_tokens"] = int(source_lengths.max()) + extra
+            cap = SourceLengthCapLogitsProcessor(source_lengths, extra, self._eos_id(config))
+            kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), cap])
+        self._length_penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
+        if self._length_penalty_type not in ("gnmt", "power"):
+            raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
+        return super().generate(inputs, generation_config, **kwargs)
+
+    @staticmethod
+    def _source_lengths(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """Tokens per source sentence, padding excluded; None when generate gets no source to measure."""
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            return mask.sum(-1)
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if source is None and isinstance(kwargs.get("encoder_outputs"), BaseModelOutput):
+            source = kwargs["encoder_outputs"].last_hidden_state[..., 0]
+        if source is None:
+            return None
+        return torch.full((source.shape[0],), source.shape[1], device=source.device)
+
+    def _eos_id(self, config: GenerationConfig) -> int:
+        eos = config.eos_token_id if config.eos_token_id is not None else self.config.eos_token_id
+        return eos[0] if isinstance(eos, list) else eos
+
+    def _penalty_exponent(self, length: int, length_penalty: float) -> float:
+        if getattr(self, "_length_penalty_type", "gnmt") == "power":
+            return length_penalty
+        return equivalent_power(length, length_penalty)
+
+    # transformers divides a finished hypothesis' log-probability by length ** length_penalty in these two places;
+    # handing them the exponent whose power equals lp_GNMT makes them apply GNMT's penalty instead.
+    def _update_finished_beams(self, *, cur_len: int, decoder_prompt_len: int, length_penalty: float, **kwargs):
+        exponent = self._penalty_exponent(cur_len + 1 - decoder_prompt_len, length_penalty)
+        return super()._update_finished_beams(
+            cur_len=cur_len, decoder_prompt_len=decoder_prompt_len, length_penalty=exponent, **kwargs
+        )
+
+    def _check_early_stop_heuristic(
+        self, *, cur_len: int, max_length: int, decoder_prompt_len: int, early_stopping, length_penalty: float, **kwargs
+    ):
+        # the length at which transformers bounds the best running score (see GenerationMixin)
+        bound_length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
+        exponent = self._penalty_exponent(bound_length - decoder_prompt_len, length_penalty)
+        return super()._check_early_stop_heuristic(
+            cur_len=cur_len,
+            max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping,
+            length_penalty=exponent,
+            **kwargs,
+        )
+
+
+def paper_generation_config(config, **overrides) -> GenerationConfig:
+    """§6.1: beam 4, GNMT alpha 0.6, max output = input length + 50, early termination; special ids from `config`."""
+    settings = dict(
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        num_beams=4,
+        length_penalty=0.6,
+        length_penalty_type="gnmt",
+        max_new_tokens_over_source=50,
+        early_stopping=True,
+    )
+    return GenerationConfig(**{**settings, **overrides})

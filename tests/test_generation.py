@@ -1,0 +1,285 @@
+"""Decoding as in §6.1 (GNMT length penalty, source length + 50) and transformers' other decoding paths."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+import hf_vaswani  # noqa: F401
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.cli import main
+
+EOS = 2
+
+
+def random_model(seed: int, vocab_size: int = 6, **overrides) -> VaswaniForConditionalGeneration:
+    """Untrained, with an untied output layer scaled up so that next-token distributions are far from uniform."""
+    torch.manual_seed(seed)
+    config = VaswaniConfig(
+        vocab_size=vocab_size,
+        d_model=16,
+        d_ff=32,
+        num_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        dropout=0.0,
+        share_embeddings=False,
+        tie_word_embeddings=False,
+        **overrides,
+    )
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+def offset_eos_logit(model: VaswaniForConditionalGeneration, offset: float) -> None:
+    """Add exactly `offset` to the </s> logit at every step: one model dimension becomes a constant 1 feature."""
+    with torch.no_grad():
+        final_norm = model.model.decoder.layers[-1].feed_forward_norm
+        final_norm.weight[0], final_norm.bias[0] = 0.0, 1.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[EOS, 0] = offset
+
+
+def exhaustive_scores(model, source: torch.Tensor, max_new_tokens: int, alpha: float) -> dict:
+    """Every possible output up to max_new_tokens, scored by teacher forcing: log P(Y|X) / lp(|Y|) in both forms."""
+    vocab = model.config.vocab_size
+    non_eos = [t for t in range(vocab) if t != EOS]
+    candidates = [(*prefix, EOS) for n in range(max_new_tokens) for prefix in itertools.product(non_eos, repeat=n)]
+    candidates += list(itertools.product(non_eos, repeat=max_new_tokens))  # stopped by the length limit
+    scores = {}
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=source)
+        for candidate in candidates:
+            decoder_input = torch.tensor([[model.config.decoder_start_token_id, *candidate[:-1]]])
+            log_probs = model(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input).logits.log_softmax(-1)
+            total = sum(float(log_probs[0, i, token]) for i, token in enumerate(candidate))
+            length = len(candidate)
+            scores[candidate] = {
+                "gnmt": total / ((5 + length) / 6) ** alpha,  # Wu et al. 2016 / §6.1
+                "power": total / length**alpha,  # transformers' form
+            }
+    return scores
+
+
+def best(scores: dict, form: str) -> tuple[tuple, float]:
+    ranked = sorted(scores, key=lambda c: scores[c][form], reverse=True)
+    return ranked[0], scores[ranked[0]][form] - scores[ranked[1]][form]
+
+
+def strip(sequence: torch.Tensor) -> tuple:
+    tokens = sequence.tolist()[1:]  # drop the decoder start token
+    return tuple(tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens)
+
+
+def test_beam_search_picks_what_the_gnmt_formula_picks_including_where_transformers_form_differs() -> None:
+    max_new = 3
+    disagreements = 0
+    for seed, eos_boost, alpha in [(4, 4.0, 1.0), (5, 1.0, 1.0), (0, 0.0, 0.6), (1, 2.0, 0.6), (2, 3.0, 0.6)]:
+        model = random_model(seed)
+        offset_eos_logit(model, eos_boost)  # makes stopping early a real contender
+        source = torch.tensor([[3, 4, 5, EOS]])
+        scores = exhaustive_scores(model, source, max_new, alpha)
+        gnmt_best, gnmt_margin = best(scores, "gnmt")
+        power_best, power_margin = best(scores, "power")
+        if min(gnmt_margin, power_margin) < 1e-4:
+            continue  # a near tie: float rounding could pick either
+        # With as many beams as there are prefixes, beam search is exhaustive: it must return the formula's argmax.
+        common = dict(
+            num_beams=5**max_new,
+            max_new_tokens=max_new,
+            early_stopping="never",
+            length_penalty=alpha,
+            max_new_tokens_over_source=None,
+            do_sample=False,
+        )
+        assert strip(model.generate(source, **common)[0]) == gnmt_best, (seed, eos_boost, alpha)
+        assert strip(model.generate(source, length_penalty_type="power", **common)[0]) == power_best, seed
+        disagreements += gnmt_best != power_best
+    assert disagreements >= 1, "no case where the two penalties choose differently: the test would prove nothing"
+
+
+def test_each_sentence_stops_at_its_own_source_length_plus_50() -> None:
+    model = random_model(0, vocab_size=20)
+    offset_eos_logit(model, -1000.0)  # never ends on its own
+    assert model.generation_config.max_new_tokens_over_source == 50
+    source = torch.tensor([[5, 6, EOS, 0, 0, 0, 0], [5, 6, 7, 8, 9, 10, EOS]])
+    mask = (torch.arange(7) < torch.tensor([[3], [7]])).long()
+    for num_beams in (1, 4):
+        out = model.generate(input_ids=source, attention_mask=mask, num_beams=num_beams)
+        lengths = [len(strip(row)) for row in out]
+        assert lengths == [3 + 50, 7 + 50], (num_beams, lengths)
+        assert all(strip(row)[-1] == EOS for row in out)
+
+
+def test_default_generation_config_is_the_papers(tmp_path) -> None:
+    model = random_model(0)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "generation_config.json").read_text())
+    assert saved["num_beams"] == 4 and saved["length_penalty"] == 0.6 and saved["early_stopping"] is True
+    assert saved["length_penalty_type"] == "gnmt" and saved["max_new_tokens_over_source"] == 50
+    assert VaswaniForConditionalGeneration.from_pretrained(tmp_path).generation_config.num_beams == 4
+
+
+@pytest.fixture(scope="module")
+def capitaliser(trained_folder):
+    return AutoModelForSeq2SeqLM.from_pretrained(trained_folder), AutoTokenizer.from_pretrained(trained_folder)
+
+
+SENTENCES = ["red cat sun", "blue dog moon tree", "green tree"]
+
+
+def test_trained_model_translates_with_every_decoding_path(capitaliser) -> None:
+    model, tokenizer = capitaliser
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    expected = [s.upper() for s in SENTENCES]
+    for options in (dict(num_beams=1), dict(num_beams=4), dict()):
+        assert tokenizer.batch_decode(model.generate(**batch, **options), skip_special_tokens=True) == expected
+
+    torch.manual_seed(0)
+    sampled = model.generate(**batch, do_sample=True, num_beams=1, top_k=5, num_return_sequences=3)
+    assert sampled.shape[0] == 9
+    beams = model.generate(
+        **batch, num_beams=4, num_return_sequences=2, return_dict_in_generate=True, output_scores=True
+    )
+    assert beams.sequences.shape[0] == 6 and beams.sequences_scores.shape == (6,)
+    assert torch.all(beams.sequences_scores[0::2] >= beams.sequences_scores[1::2])
+    greedy = model.generate(**batch, num_beams=1, return_dict_in_generate=True, output_scores=True)
+    assert len(greedy.scores) == greedy.sequences.shape[1] - 1
+    chosen = torch.stack(greedy.scores, 1).argmax(-1)
+    # after a row's </s> transformers pads it, so compare the steps up to the first </s>
+    for row in range(len(SENTENCES)):
+        length = len(strip(greedy.sequences[row]))
+        assert torch.equal(chosen[row, :length], greedy.sequences[row, 1 : 1 + length])
+
+
+def test_cross_attentions_come_back_as_alignments(capitaliser) -> None:
+    model, tokenizer = capitaliser
+    model.set_attn_implementation("eager")
+    try:
+        batch = tokenizer(["red cat sun"], return_tensors="pt")
+        out = model.generate(**batch, num_beams=1, return_dict_in_generate=True, output_attentions=True)
+        steps = len(out.cross_attentions)
+        assert steps == out.sequences.shape[1] - 1
+        layer_last = out.cross_attentions[0][-1]
+        assert layer_last.shape == (1, model.config.num_heads, 1, batch["input_ids"].shape[1])
+        torch.testing.assert_close(layer_last.sum(-1), torch.ones(1, model.config.num_heads, 1))
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def test_padded_batch_decodes_like_one_by_one(capitaliser) -> None:
+    model, tokenizer = capitaliser
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    together = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+    alone = [
+        tokenizer.decode(model.generate(**tokenizer([s], return_tensors="pt"))[0], skip_special_tokens=True)
+        for s in SENTENCES
+    ]
+    assert together == alone
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_static_cache_gives_the_same_output(capitaliser, num_beams: int) -> None:
+    model, tokenizer = capitaliser
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    dynamic = model.generate(**batch, num_beams=num_beams)
+    static = model.generate(**batch, num_beams=num_beams, cache_implementation="static")
+    assert torch.equal(dynamic, static)
+
+
+def test_compiled_decoding_step_gives_the_same_output(capitaliser) -> None:
+    model, tokenizer = capitaliser
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    reference = model.generate(**batch, num_beams=1, cache_implementation="static")
+    original = model.forward
+    try:
+        model.forward = torch.compile(original, backend="aot_eager", dynamic=True)
+        compiled = model.generate(**batch, num_beams=1, cache_implementation="static")
+    finally:
+        model.forward = original
+    assert torch.equal(reference, compiled)
+
+
+LOAD_PIPELINE = textwrap.dedent(
+    """
+    import json, sys
+
+    class RefuseHfVaswani:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "hf_vaswani":
+                raise ImportError("hf_vaswani is deliberately not importable here")
+
+    sys.meta_path.insert(0, RefuseHfVaswani())
+    from transformers import pipeline
+
+    translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
+    print(json.dumps({"one": translator("red cat sun"), "many": translator(["green tree", "blue dog"]),
+                      "class": type(translator).__module__}))
+    """
+)
+
+
+def test_translation_pipeline_from_a_saved_folder_without_hf_vaswani(tmp_path, trained_folder) -> None:
+    script = tmp_path / "load.py"
+    script.write_text(LOAD_PIPELINE)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, str(script), str(trained_folder)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["class"].startswith("transformers_modules")
+    assert report["one"] == [{"translation_text": "RED CAT SUN"}]
+    assert report["many"] == [{"translation_text": "GREEN TREE"}, {"translation_text": "BLUE DOG"}]
+
+
+def test_in_process_pipeline_with_generation_arguments(trained_folder) -> None:
+    translator = pipeline("translation", model=str(trained_folder), trust_remote_code=True)
+    assert translator("moon river", num_beams=1) == [{"translation_text": "MOON RIVER"}]
+
+
+def test_translate_command_reads_a_file_or_stdin(tmp_path, trained_folder, capsys) -> None:
+    source = tmp_path / "input.txt"
+    source.write_text("\n".join(SENTENCES) + "\n")
+    main(
+        [
+            "translate",
+            str(trained_folder),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "out.txt"),
+            "--batch-size",
+            "2",
+        ]
+    )
+    expected = [s.upper() for s in SENTENCES]
+    assert (tmp_path / "out.txt").read_text().splitlines() == expected
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_vaswani.cli", "translate", str(trained_folder)],
+        input="sun moon\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "SUN MOON\n"
+
+
+def test_plot_attention_command_writes_three_heatmap_pngs(tmp_path, trained_folder) -> None:
+    main(["plot-attention", str(trained_folder), "--sentence", "red cat sun", "--output-dir", str(tmp_path)])
+    for name in ("encoder_attention.png", "decoder_attention.png", "encoder_decoder_attention.png"):
+        assert (tmp_path / name).stat().st_size > 5_000
