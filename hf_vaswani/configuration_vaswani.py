@@ -28,12 +28,16 @@ class VaswaniConfig(PreTrainedConfig):
         attention_dropout: dropout on attention weights (0 in the paper's code).
         activation_dropout: dropout after the FFN's ReLU (0 in the paper's code).
         label_smoothing: eps_ls of the training loss (§5.4).
-        positional_encoding: "sinusoidal" (§3.5, no length limit) or "learned" (Table 3 row E).
+        positional_encoding: "sinusoidal" (§3.5, no length limit) or "learned" (Table 3 row E); "fairseq_sinusoidal"
+            is fairseq's variant for converted checkpoints: frequencies 10000^(-i / (d_model/2 - 1)) and positions
+            counted from pad_token_id + 1.
         max_position_embeddings: number of learned positions; unused by sinusoidal encodings.
         layer_norm_eps: epsilon of every LayerNorm.
         share_embeddings: one embedding matrix for source and target tokens (§3.4).
+        source_vocab_size: size of a separate source vocabulary (share_embeddings=False); defaults to vocab_size.
         tie_word_embeddings: the pre-softmax projection shares the target embedding matrix (§3.4).
         scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
+        output_bias: a bias on the pre-softmax projection; not in the paper, present in converted Marian checkpoints.
     """
 
     model_type = "vaswani"
@@ -56,12 +60,14 @@ class VaswaniConfig(PreTrainedConfig):
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
     label_smoothing: float | int = 0.1
-    positional_encoding: Literal["sinusoidal", "learned"] | str = "sinusoidal"
+    positional_encoding: Literal["sinusoidal", "learned", "fairseq_sinusoidal"] | str = "sinusoidal"
     max_position_embeddings: int = 1024
     layer_norm_eps: float = 1e-6
     share_embeddings: bool = True
+    source_vocab_size: int | None = None
     tie_word_embeddings: bool = True
     scale_embedding: bool = True
+    output_bias: bool = False
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
@@ -74,6 +80,8 @@ class VaswaniConfig(PreTrainedConfig):
         # The paper leaves d_k and d_v free (Table 3 row B); by default they split d_model evenly over the heads.
         self.d_k = self.d_k if self.d_k is not None else self.d_model // self.num_heads
         self.d_v = self.d_v if self.d_v is not None else self.d_model // self.num_heads
+        if self.source_vocab_size is None:
+            self.source_vocab_size = self.vocab_size
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
         super().__post_init__(**kwargs)
@@ -107,6 +115,11 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(f"positional_encoding must be 'sinusoidal' or 'learned', got {self.positional_encoding!r}")
         if self.positional_encoding == "sinusoidal" and self.d_model % 2 != 0:
             raise ValueError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
+        if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"source_vocab_size ({self.source_vocab_size}) must equal vocab_size ({self.vocab_size}) when "
+                "share_embeddings is True"
+            )
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):

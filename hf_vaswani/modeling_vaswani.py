@@ -137,16 +137,20 @@ class VaswaniFeedForward(nn.Module):
 class VaswaniSinusoidalPositionalEncoding(nn.Module):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
-    Computed for the positions asked for, so any length works, including lengths never seen in training.
+    Computed for the positions asked for, so any length works, including lengths never seen in training. `fairseq`
+    selects fairseq's frequencies 10000^(-i / (d_model/2 - 1)) and first position, for converted checkpoints.
     """
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, fairseq: bool = False, first_position: int = 0) -> None:
         super().__init__()
         self.d_model = d_model
+        self.fairseq = fairseq
+        self.first_position = first_position
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        two_i = torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=torch.float32)
-        angles = position_ids.float().unsqueeze(-1) / torch.pow(10000.0, two_i / self.d_model)
+        i = torch.arange(self.d_model // 2, device=position_ids.device, dtype=torch.float32)
+        exponents = i / (self.d_model // 2 - 1) if self.fairseq else 2 * i / self.d_model
+        angles = (position_ids + self.first_position).float().unsqueeze(-1) / torch.pow(10000.0, exponents)
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin (even), cos (odd)
 
 
@@ -169,12 +173,14 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
 class VaswaniEmbeddings(nn.Module):
     """§3.4-3.5: token embeddings times sqrt(d_model), plus positional encodings, then dropout (§5.4)."""
 
-    def __init__(self, config: VaswaniConfig) -> None:
+    def __init__(self, config: VaswaniConfig, vocab_size: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.embed_tokens = nn.Embedding(vocab_size, config.d_model)
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         if config.positional_encoding == "learned":
             self.positions = VaswaniLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        elif config.positional_encoding == "fairseq_sinusoidal":
+            self.positions = VaswaniSinusoidalPositionalEncoding(config.d_model, True, config.pad_token_id + 1)
         else:
             self.positions = VaswaniSinusoidalPositionalEncoding(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
@@ -287,7 +293,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
-        self.embeddings = VaswaniEmbeddings(config)
+        self.embeddings = VaswaniEmbeddings(config, config.source_vocab_size)
         self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
         self.post_init()
 
@@ -326,7 +332,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
-        self.embeddings = VaswaniEmbeddings(config)
+        self.embeddings = VaswaniEmbeddings(config, config.vocab_size)
         self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
         self.post_init()
 
@@ -457,7 +463,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
         self._tied_weights_keys = {f"model.{k}": f"model.{v}" for k, v in (self.model._tied_weights_keys or {}).items()}
         if config.tie_word_embeddings:
             source = "encoder" if config.share_embeddings else "decoder"
