@@ -90,6 +90,7 @@ class VaswaniConfig(PreTrainedConfig):
         # Raise plain ValueErrors naming the field: strict's own validators wrap errors in a non-ValueError class.
         for name in (
             "vocab_size",
+            "source_vocab_size",
             "d_model",
             "d_ff",
             "num_heads",
@@ -111,9 +112,12 @@ class VaswaniConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
-        if self.positional_encoding not in ("sinusoidal", "learned"):
-            raise ValueError(f"positional_encoding must be 'sinusoidal' or 'learned', got {self.positional_encoding!r}")
-        if self.positional_encoding == "sinusoidal" and self.d_model % 2 != 0:
+        if self.positional_encoding not in ("sinusoidal", "learned", "fairseq_sinusoidal"):
+            raise ValueError(
+                "positional_encoding must be 'sinusoidal', 'learned' or 'fairseq_sinusoidal', "
+                f"got {self.positional_encoding!r}"
+            )
+        if self.positional_encoding.endswith("sinusoidal") and self.d_model % 2 != 0:
             raise ValueError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
         if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
             raise ValueError(

@@ -32,6 +32,9 @@ from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniMo
         (dict(eos_token_id=50000), "eos_token_id"),
         (dict(decoder_start_token_id=99999), "decoder_start_token_id"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+        (dict(source_vocab_size=0, share_embeddings=False), "source_vocab_size"),
+        (dict(source_vocab_size=500, share_embeddings=True), "source_vocab_size"),
+        (dict(d_model=511, num_heads=1), "d_model"),
     ],
 )
 def test_invalid_values_are_refused_naming_the_field(overrides: dict, field: str) -> None:
