@@ -398,3 +398,22 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_con
     assert not torch.allclose(trained[0]["lm_head.weight"], initial["lm_head.weight"])  # a step was really taken
     for name in trained[0]:
         torch.testing.assert_close(trained[1][name], trained[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_initialisation_is_the_reference_codes() -> None:
+    """tensor2tensor: uniform unit scaling, U(-sqrt(3/fan_in), sqrt(3/fan_in)), and N(0, d_model^-0.5) embeddings."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(
+        VaswaniConfig(vocab_size=3000, d_model=256, d_ff=1024, num_heads=4, encoder_layers=1, decoder_layers=1)
+    )
+    embedding = model.get_input_embeddings().weight
+    assert embedding.std().item() == pytest.approx(256**-0.5, rel=0.02)
+    assert embedding.mean().abs().item() < 1e-3
+    for linear in (model.model.encoder.layers[0].self_attention.q_proj, model.model.decoder.layers[0].feed_forward.fc2):
+        bound = math.sqrt(3 / linear.in_features)
+        assert linear.weight.abs().max().item() <= bound
+        assert linear.weight.abs().max().item() > 0.99 * bound  # uniform up to the bound, not a narrower normal
+        assert linear.weight.std().item() == pytest.approx(linear.in_features**-0.5, rel=0.03)
+        assert torch.count_nonzero(linear.bias) == 0
+    norm = model.model.encoder.layers[0].feed_forward_norm
+    assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
