@@ -2,13 +2,12 @@
 
 import itertools
 import json
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
+from helpers import run_without_hf_vaswani
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 import hf_vaswani  # noqa: F401
@@ -208,39 +207,19 @@ def test_compiled_decoding_step_gives_the_same_output(capitaliser) -> None:
     assert torch.equal(reference, compiled)
 
 
-LOAD_PIPELINE = textwrap.dedent(
-    """
-    import json, sys
+LOAD_PIPELINE = """
+import json, sys
 
-    class RefuseHfVaswani:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "hf_vaswani":
-                raise ImportError("hf_vaswani is deliberately not importable here")
+from transformers import pipeline
 
-    sys.meta_path.insert(0, RefuseHfVaswani())
-    from transformers import pipeline
-
-    translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
-    print(json.dumps({"one": translator("red cat sun"), "many": translator(["green tree", "blue dog"]),
-                      "class": type(translator).__module__}))
-    """
-)
+translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
+print(json.dumps({"one": translator("red cat sun"), "many": translator(["green tree", "blue dog"]),
+                  "class": type(translator).__module__}))
+"""
 
 
 def test_translation_pipeline_from_a_saved_folder_without_hf_vaswani(tmp_path, trained_folder) -> None:
-    script = tmp_path / "load.py"
-    script.write_text(LOAD_PIPELINE)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, str(script), str(trained_folder)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_without_hf_vaswani(LOAD_PIPELINE, [str(trained_folder)], tmp_path)
     assert report["class"].startswith("transformers_modules")
     assert report["one"] == [{"translation_text": "RED CAT SUN"}]
     assert report["many"] == [{"translation_text": "GREEN TREE"}, {"translation_text": "BLUE DOG"}]

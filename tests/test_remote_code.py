@@ -2,42 +2,32 @@
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import torch
+from helpers import run_without_hf_vaswani
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
-LOADER = textwrap.dedent(
-    """
-    import json, sys
+LOADER = """
+import json, sys
 
-    class RefuseHfVaswani:
-        def find_spec(self, name, path=None, target=None):
-            if name == "hf_vaswani" or name.startswith("hf_vaswani."):
-                raise ImportError("hf_vaswani is deliberately not importable here")
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-    sys.meta_path.insert(0, RefuseHfVaswani())
-    import torch
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    folder, inputs_path, output_path = sys.argv[1:]
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
-    inputs = torch.load(inputs_path)
-    with torch.no_grad():
-        logits = model(**inputs).logits
-    generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                               max_new_tokens=5, num_beams=2)
-    torch.save({"logits": logits, "generated": generated}, output_path)
-    print(json.dumps({"model_module": type(model).__module__,
-                      "config_module": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__module__,
-                      "hf_vaswani_loaded": any(m.startswith("hf_vaswani") for m in sys.modules)}))
-    """
-)
+folder, inputs_path, output_path = sys.argv[1:]
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+inputs = torch.load(inputs_path)
+with torch.no_grad():
+    logits = model(**inputs).logits
+generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           max_new_tokens=5, num_beams=2)
+torch.save({"logits": logits, "generated": generated}, output_path)
+print(json.dumps({"model_module": type(model).__module__,
+                  "config_module": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__module__,
+                  "hf_vaswani_loaded": any(m.startswith("hf_vaswani") for m in sys.modules)}))
+"""
 
 
 def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
@@ -61,19 +51,9 @@ def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
         "decoder_input_ids": torch.tensor([[1, 11, 12], [1, 13, 14]]),
     }
     torch.save(inputs, tmp_path / "inputs.pt")
-    script = tmp_path / "load.py"
-    script.write_text(LOADER)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    report = run_without_hf_vaswani(
+        LOADER, [str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["model_module"].startswith("transformers_modules"), report
     assert report["config_module"].startswith("transformers_modules"), report
     assert report["hf_vaswani_loaded"] is False
