@@ -131,6 +131,12 @@ def command_plot_attention(args: argparse.Namespace) -> None:
         print(path)
 
 
+def command_push(args: argparse.Namespace) -> None:
+    from .hub import push_folder
+
+    print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
+
+
 def print_summary(results: dict, output_dir: Path) -> None:
     print(
         f"\nsacreBLEU {results['bleu']}  chrF2 {results['chrf']}  tokenized BLEU {results['tokenized_bleu']}  "
@@ -207,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--layer", type=int, default=-1, help="0-based; -1 is the last layer")
     plot.add_argument("--output-dir", type=Path, default=Path("attention_plots"))
     plot.set_defaults(handler=command_plot_attention)
+    push = commands.add_parser("push", help="upload a model folder to the Hub (safetensors, code, tokenizer, card)")
+    push.add_argument("folder", type=Path)
+    push.add_argument("repo_id")
+    push.add_argument("--private", action="store_true")
+    push.set_defaults(handler=command_push)
     return parser
 
 

@@ -33,4 +33,6 @@ def run_without_hf_vaswani(script: str, args: list[str], workdir: Path) -> dict:
         [sys.executable, str(path), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {result.stderr[-3000:]}"
+    return json.loads(lines[-1])

@@ -1,0 +1,101 @@
+"""Publishing: the exact files a push sends, that they load where hf_vaswani is not installed, and the model card."""
+
+import shutil
+
+import pytest
+import torch
+from helpers import run_without_hf_vaswani
+from huggingface_hub import CommitInfo, HfApi, ModelCard
+
+from hf_vaswani import VaswaniForConditionalGeneration
+from hf_vaswani.cli import main
+from hf_vaswani.hub import upload_plan
+from hf_vaswani.recipe import RecipeSettings, write_model_card
+
+PUBLISHED = {
+    "README.md",
+    "config.json",
+    "configuration_vaswani.py",
+    "generation_config.json",
+    "generation_vaswani.py",
+    "model.safetensors",
+    "modeling_vaswani.py",
+    "pipeline_vaswani.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+
+LOAD = """
+import json, sys
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+folder = sys.argv[1]
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+generated = model.generate(**tokenizer(["red cat sun"], return_tensors="pt"))
+translator = pipeline("translation", model=folder, trust_remote_code=True)
+print(json.dumps({"generate": tokenizer.batch_decode(generated, skip_special_tokens=True),
+                  "pipeline": translator("green tree")}))
+"""
+
+
+@pytest.fixture
+def publishable(tmp_path, trained_folder):
+    folder = tmp_path / "publishable"
+    shutil.copytree(trained_folder, folder)
+    model = VaswaniForConditionalGeneration.from_pretrained(folder)
+    results = {"bleu": 97.5, "chrf": 99.1, "tokenized_bleu": 97.9, "bleu_signature": "nrefs:1|tok:13a", "steps": 400}
+    write_model_card(folder, model.config, RecipeSettings(), results, "en", "en", "toy-capitals", "red cat sun")
+    return folder
+
+
+def test_push_sends_exactly_the_loadable_files(tmp_path, publishable, monkeypatch) -> None:
+    recorded: dict = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        recorded["repo"] = (repo_id, kwargs)
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        recorded["operations"] = list(operations)
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/0",
+            commit_message="",
+            commit_description="",
+            oid="0" * 40,
+        )
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    (publishable / "optimizer.pt").unlink(missing_ok=True)
+    (publishable / "notes.log").write_text("not part of a model")
+    main(["push", str(publishable), "someone/capitaliser"])
+
+    assert recorded["repo"][0] == "someone/capitaliser"
+    sent = {op.path_in_repo: op.path_or_fileobj for op in recorded["operations"]}
+    assert set(sent) == PUBLISHED
+    remote = tmp_path / "as_uploaded"
+    remote.mkdir()
+    for name, source in sent.items():
+        shutil.copy(source, remote / name)
+    report = run_without_hf_vaswani(LOAD, [str(remote)], tmp_path)
+    assert report == {"generate": ["RED CAT SUN"], "pipeline": [{"translation_text": "GREEN TREE"}]}
+
+
+def test_pickled_weights_or_incomplete_folders_are_refused(publishable) -> None:
+    torch.save({}, publishable / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pickled"):
+        upload_plan(publishable)
+    (publishable / "pytorch_model.bin").unlink()
+    (publishable / "README.md").unlink()
+    with pytest.raises(ValueError, match="README.md"):
+        upload_plan(publishable)
+
+
+def test_model_card_metadata_holds_the_measured_scores(publishable) -> None:
+    card = ModelCard.load(publishable / "README.md")
+    assert card.data.license == "apache-2.0" and card.data.language == ["en", "en"]
+    assert "translation" in card.data.tags and card.data.datasets == ["toy-capitals"]
+    metrics = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert metrics == {"bleu": 97.5, "chrf": 99.1}
+    assert "| warmup steps / training steps | 4000 / 100000 | 4000 / 400 |" in card.text
