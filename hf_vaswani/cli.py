@@ -131,6 +131,12 @@ def command_plot_attention(args: argparse.Namespace) -> None:
         print(path)
 
 
+def command_convert(args: argparse.Namespace) -> None:
+    from .convert import convert_folder
+
+    print(convert_folder(args.source_kind, args.source, args.output))
+
+
 def command_push(args: argparse.Namespace) -> None:
     from .hub import push_folder
 
@@ -213,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--layer", type=int, default=-1, help="0-based; -1 is the last layer")
     plot.add_argument("--output-dir", type=Path, default=Path("attention_plots"))
     plot.set_defaults(handler=command_plot_attention)
+    convert = commands.add_parser("convert", help="convert a MarianMT (OPUS-MT) or FSMT folder exactly (same logits)")
+    convert.add_argument("--from", dest="source_kind", choices=["marian", "fsmt"], required=True)
+    convert.add_argument("source", type=Path, help="a saved MarianMTModel or FSMTForConditionalGeneration folder")
+    convert.add_argument("output", type=Path)
+    convert.set_defaults(handler=command_convert)
+
     push = commands.add_parser("push", help="upload a model folder to the Hub (safetensors, code, tokenizer, card)")
     push.add_argument("folder", type=Path)
     push.add_argument("repo_id")

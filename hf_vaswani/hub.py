@@ -5,7 +5,7 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi
 
 # Weights as safetensors, configs, tokenizer, the remote code (model, config, generation, pipeline) and the card.
-PUBLISHED_PATTERNS = ("*.safetensors", "*.json", "*.py", "README.md", "*.model", "*.txt")
+PUBLISHED_PATTERNS = ("*.safetensors", "*.json", "*.py", "README.md", "*.model", "*.spm", "*.txt")
 REQUIRED_FILES = (
     "config.json",
     "generation_config.json",

@@ -45,6 +45,9 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         max_grad_norm=0.0,  # the paper clips nothing
         save_strategy="steps",
         report_to=[],
+        # On a machine without an accelerator this also makes several processes (torchrun, accelerate launch) talk
+        # over gloo; without it each process would train alone.
+        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
     )
     return Seq2SeqTrainingArguments(**{**settings, **overrides})
 

@@ -1,0 +1,54 @@
+"""A tiny VaswaniTrainer run for the multi-process and resume tests (run as a script, under a launcher or not).
+
+Usage: python tiny_training_run.py DATA.tsv OUTPUT_DIR MAX_TOKENS UPDATE_FREQ STEPS SAVE_STEPS DROPOUT [resume]
+Writes OUTPUT_DIR/state_rank{R}.pt (each rank's final parameters) and, from rank 0, OUTPUT_DIR/losses.json.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import DataCollatorForSeq2Seq
+
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.data import load_tsv
+from hf_vaswani.tokenization import train_shared_bpe_from_dataset
+from hf_vaswani.training import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+
+data, output = sys.argv[1], Path(sys.argv[2])
+max_tokens, update_freq, steps, save_steps = (int(value) for value in sys.argv[3:7])
+dropout = float(sys.argv[7])
+resume = sys.argv[8:] == ["resume"]
+torch.set_num_threads(1)
+dataset = load_tsv(data)
+tokenizer = train_shared_bpe_from_dataset(dataset, vocab_size=300, min_frequency=1)
+torch.manual_seed(0)
+config = VaswaniConfig(
+    vocab_size=len(tokenizer), d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1, dropout=dropout
+)
+model = VaswaniForConditionalGeneration(config)
+args = paper_training_arguments(
+    output,
+    max_steps=steps,
+    warmup_steps=4,
+    gradient_accumulation_steps=update_freq,
+    logging_steps=1,
+    save_strategy="steps" if save_steps else "no",
+    save_steps=save_steps or 1,
+    disable_tqdm=True,
+    seed=0,
+    dataloader_num_workers=0,
+)
+trainer = VaswaniTrainer(
+    model=model,
+    args=args,
+    train_dataset=tokenize_corpus(dataset, tokenizer),
+    data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    max_tokens=max_tokens,
+)
+trainer.train(resume_from_checkpoint=resume or None)
+torch.save(trainer.model.state_dict(), output / f"state_rank{trainer.args.process_index}.pt")
+if trainer.is_world_process_zero():
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    (output / "losses.json").write_text(json.dumps(losses))
