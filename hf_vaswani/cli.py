@@ -86,10 +86,13 @@ def command_train(args: argparse.Namespace) -> None:
         logging_steps=args.logging_steps,
         seed=args.seed,
         bf16=args.bf16,
+        fp16=args.fp16,
     )
     corpus = load_data(args)
     name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
-    results = run_recipe(corpus, args.output_dir, settings, args.source_lang, args.target_lang, dataset_name=name)
+    results = run_recipe(
+        corpus, args.output_dir, settings, args.source_lang, args.target_lang, dataset_name=name, resume=args.resume
+    )
     if results:
         print_summary(results, Path(args.output_dir))
 
@@ -193,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         train.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
     train.add_argument("--bf16", action="store_true", help="bf16 mixed precision (GPU)")
+    train.add_argument("--fp16", action="store_true", help="fp16 mixed precision with loss scaling (GPU)")
+    train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUTPUT_DIR")
     add_data_arguments(train)
     train.set_defaults(handler=command_train)
 

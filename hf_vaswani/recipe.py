@@ -43,6 +43,7 @@ class RecipeSettings:
     eval_batch_size: int = 64
     seed: int = 0
     bf16: bool = False
+    fp16: bool = False
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -107,11 +108,14 @@ def run_recipe(
     source_lang: str = "en",
     target_lang: str = "de",
     dataset_name: str = "custom",
+    resume: bool = False,
 ) -> dict:
     """Train tokenizer and model, average the last checkpoints, translate the test split and write everything.
 
     Writes `output_dir/model` (Hub-ready: weights, tokenizer, generation config, model card, remote code),
     `output_dir/results.json`, `output_dir/training_curves.png` and the checkpoints under `output_dir/checkpoints`.
+    With `resume`, training continues from the last checkpoint there (weights, optimizer, schedule, data position and
+    random state), ending where an uninterrupted run would.
     """
     for split in ("train", "test"):
         if split not in corpus:
@@ -134,6 +138,7 @@ def run_recipe(
         seed=settings.seed,
         data_seed=settings.seed,
         bf16=settings.bf16,
+        fp16=settings.fp16,
         dataloader_num_workers=0,
     )
     averaging = CheckpointAveragingCallback(settings.average_last)
@@ -146,7 +151,8 @@ def run_recipe(
         max_tokens=settings.max_tokens,
         callbacks=[averaging],
     )
-    train_output = trainer.train()
+    has_checkpoint = resume and any((output_dir / "checkpoints").glob("checkpoint-*"))
+    train_output = trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
     train_seconds = time.perf_counter() - started
     if not trainer.is_world_process_zero():
         return {}

@@ -48,6 +48,7 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         # On a machine without an accelerator this also makes several processes (torchrun, accelerate launch) talk
         # over gloo; without it each process would train alone.
         use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
+        ddp_find_unused_parameters=False,  # every parameter takes part in every step
     )
     return Seq2SeqTrainingArguments(**{**settings, **overrides})
 
