@@ -1,7 +1,6 @@
 """hf_vaswani: the Transformer of "Attention Is All You Need" as a Hugging Face transformers model."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
@@ -12,7 +11,8 @@ __version__ = "0.1.0"
 
 def save_model_folder(model: VaswaniForConditionalGeneration, tokenizer, folder) -> None:
     """Save a Hub-ready folder: weights, tokenizer, generation config, remote code and the translation pipeline."""
-    TranslationPipeline(model=model, tokenizer=tokenizer).save_pretrained(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 AutoConfig.register(VaswaniConfig.model_type, VaswaniConfig, exist_ok=True)
@@ -23,8 +23,6 @@ AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, e
 VaswaniConfig.register_for_auto_class()
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-# transformers 5 removed the "translation" task; this brings it back, and `save_model_folder` ships it with the model.
-PIPELINE_REGISTRY.register_pipeline("translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM)
 
 __all__ = [
     "TranslationPipeline",

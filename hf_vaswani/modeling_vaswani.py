@@ -30,6 +30,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import PaperDecodingMixin, paper_generation_config
+from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
 
 
 def scaled_dot_product_attention(
@@ -476,6 +477,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # transformers 5 has no translation pipeline: saved folders (and push_to_hub) carry ours, so that
+        # pipeline("translation", model=folder_or_repo, trust_remote_code=True) works.
+        self.config.custom_pipelines = TRANSLATION_PIPELINE
+        super().save_pretrained(save_directory, *args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -1,11 +1,16 @@
 """A "translation" pipeline for sequence-to-sequence models (transformers 5 dropped its own).
 
-Saved with a model (`custom_pipelines` in config.json), it makes
+Saved with every VaswaniForConditionalGeneration (`custom_pipelines` in config.json), it makes
 `pipeline("translation", model=folder_or_repo, trust_remote_code=True)` work. This file travels to the Hub with
 `trust_remote_code`: it imports only transformers.
 """
 
 from transformers import Pipeline
+
+# The `custom_pipelines` entry of config.json that points transformers' `pipeline` at this file.
+TRANSLATION_PIPELINE = {
+    "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
+}
 
 
 class TranslationPipeline(Pipeline):

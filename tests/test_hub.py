@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 from helpers import run_without_hf_vaswani
-from huggingface_hub import CommitInfo, HfApi, ModelCard
+from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
@@ -99,3 +99,30 @@ def test_model_card_metadata_holds_the_measured_scores(publishable) -> None:
     metrics = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert metrics == {"bleu": 97.5, "chrf": 99.1}
     assert "| warmup steps / training steps | 4000 / 100000 | 4000 / 400 |" in card.text
+
+
+def test_model_and_tokenizer_push_to_hub_publish_a_folder_that_loads(tmp_path, trained_folder, monkeypatch) -> None:
+    from transformers import AutoTokenizer
+
+    received = tmp_path / "received"
+    received.mkdir()
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        for operation in operations:  # push_to_hub uploads from a temporary folder: keep copies
+            shutil.copy(operation.path_or_fileobj, received / operation.path_in_repo)
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/0",
+            commit_message="",
+            commit_description="",
+            oid="0" * 40,
+        )
+
+    monkeypatch.setattr(
+        HfApi, "create_repo", lambda self, repo_id, **kwargs: RepoUrl(f"https://huggingface.co/{repo_id}")
+    )
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    VaswaniForConditionalGeneration.from_pretrained(trained_folder).push_to_hub("someone/capitaliser")
+    AutoTokenizer.from_pretrained(trained_folder).push_to_hub("someone/capitaliser")
+    assert {path.name for path in received.iterdir()} == PUBLISHED  # README.md: a stub card written by transformers
+    report = run_without_hf_vaswani(LOAD, [str(received)], tmp_path)
+    assert report == {"generate": ["RED CAT SUN"], "pipeline": [{"translation_text": "GREEN TREE"}]}
