@@ -123,6 +123,24 @@ def command_translate(args: argparse.Namespace) -> None:
         target.writelines(line + "\n" for line in translations)
 
 
+def command_evaluate(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .data import load_parallel_files
+    from .inference import translate
+    from .metrics import corpus_scores, tokenized_bleu
+
+    test = load_parallel_files(args.source, args.reference)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    hypotheses = translate(model, tokenizer, test["source"], batch_size=args.batch_size)
+    scores = corpus_scores(hypotheses, test["target"])
+    report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature")}
+    report["tokenized_bleu"] = tokenized_bleu(hypotheses, test["target"], lang=args.target_lang)
+    report["sentences"] = len(hypotheses)
+    print(json.dumps(report, indent=2))
+
+
 def command_plot_attention(args: argparse.Namespace) -> None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -217,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--max-new-tokens", type=int, help="an absolute cap on top of source length + 50")
     translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     translate.set_defaults(handler=command_translate)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="translate a test set and score it: sacreBLEU, chrF2, tokenized BLEU"
+    )
+    evaluate.add_argument("model", help="a saved model folder (or Hub id)")
+    evaluate.add_argument("--source", required=True, type=Path, help="source sentences, one a line (.gz allowed)")
+    evaluate.add_argument("--reference", required=True, type=Path, help="reference translations, line by line")
+    evaluate.add_argument("--target-lang", default="de", help="language of the Moses tokenizer for tokenized BLEU")
+    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    evaluate.set_defaults(handler=command_evaluate)
 
     plot = commands.add_parser("plot-attention", help="heatmaps of all heads of a layer for one sentence (PNG)")
     plot.add_argument("model", help="a saved model folder (or Hub id)")

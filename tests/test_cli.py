@@ -95,3 +95,26 @@ def test_bad_input_gives_a_message_not_a_traceback(tmp_path) -> None:
     assert "a.de" in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(SystemExit):
         main(["average", "--output", str(tmp_path / "x")])
+
+
+def test_evaluate_command_scores_a_test_set_like_sacrebleu(tmp_path, trained_folder, capsys) -> None:
+    import sacrebleu
+
+    sources = ["red cat sun", "blue dog", "green tree moon"]
+    references = ["RED CAT SUN", "BLUE DOG", "GREEN TREE SUN"]
+    (tmp_path / "test.src").write_text("\n".join(sources) + "\n")
+    (tmp_path / "test.ref").write_text("\n".join(references) + "\n")
+    main(
+        [
+            "evaluate",
+            str(trained_folder),
+            "--source",
+            str(tmp_path / "test.src"),
+            "--reference",
+            str(tmp_path / "test.ref"),
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    hypotheses = [s.upper() for s in sources]  # what the toy model translates these to (checked in test_generation)
+    assert report["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert report["sentences"] == 3
