@@ -8,7 +8,7 @@ from pathlib import Path
 from string import Template
 
 from datasets import DatasetDict
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase, set_seed
 
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
@@ -125,6 +125,7 @@ def run_recipe(
     started = time.perf_counter()
 
     tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
+    set_seed(settings.seed)  # the initial weights too are a function of the seed
     model = build_model(settings, tokenizer)
     tokenized = tokenize_corpus(corpus["train"], tokenizer)
     args = paper_training_arguments(
