@@ -13,7 +13,10 @@ import torch
 from conftest import reversal_pairs
 
 SCRIPT = Path(__file__).with_name("tiny_training_run.py")
-MAX_TOKENS = 48
+ACCELERATE_2_CPU_PROCESSES = [
+    "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -23,53 +26,22 @@ def data_file(tmp_path_factory) -> Path:
     return path
 
 
-def run(command: list[str], timeout: int = 600) -> None:
+def tiny_run(data: Path, output: Path, update_freq: int, steps: int, save_every: int, dropout: float, *extra: str):
+    """Arguments of one tiny training run (see tiny_training_run.py), 48-token batches."""
+    return [str(SCRIPT), str(data), str(output), "48", str(update_freq), str(steps), str(save_every), str(dropout),
+            *extra]  # fmt: skip
+
+
+def run(arguments: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
 
 
 def test_two_processes_through_accelerate_equal_one_process_with_the_same_global_batch(tmp_path, data_file) -> None:
     steps = 4
-    run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            "29533",
-            str(SCRIPT),
-            str(data_file),
-            str(tmp_path / "ddp"),
-            str(MAX_TOKENS),
-            "1",
-            str(steps),
-            "0",
-            "0.0",
-        ]
-    )
-    run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(data_file),
-            str(tmp_path / "single"),
-            str(MAX_TOKENS),
-            "2",
-            str(steps),
-            "0",
-            "0.0",
-        ]
-    )
+    run(ACCELERATE_2_CPU_PROCESSES + tiny_run(data_file, tmp_path / "ddp", 1, steps, 0, 0.0))
+    run(tiny_run(data_file, tmp_path / "single", 2, steps, 0, 0.0))
 
     rank0, rank1 = (torch.load(tmp_path / "ddp" / f"state_rank{r}.pt") for r in (0, 1))
     single = torch.load(tmp_path / "single" / "state_rank0.pt")
@@ -85,38 +57,13 @@ def test_two_processes_through_accelerate_equal_one_process_with_the_same_global
 
 
 def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path, data_file) -> None:
-    steps, save_every = 8, 2
     # Dropout on: the checkpoint must carry the random state too, not just weights, optimizer and data position.
-    run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(data_file),
-            str(tmp_path / "straight"),
-            str(MAX_TOKENS),
-            "1",
-            str(steps),
-            str(save_every),
-            "0.1",
-        ]
-    )
+    steps, save_every, dropout = 8, 2, 0.1
+    run(tiny_run(data_file, tmp_path / "straight", 1, steps, save_every, dropout))
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(data_file),
-            str(killed),
-            str(MAX_TOKENS),
-            "1",
-            str(steps),
-            str(save_every),
-            "0.1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = subprocess.Popen([sys.executable, *tiny_run(data_file, killed, 1, steps, save_every, dropout)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.time() + 300
     while not (killed / "checkpoint-4" / "trainer_state.json").exists():
         assert process.poll() is None, "the run ended before it could be killed"
@@ -125,20 +72,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (killed / "state_rank0.pt").exists()  # it really died mid-way
-    run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(data_file),
-            str(killed),
-            str(MAX_TOKENS),
-            "1",
-            str(steps),
-            str(save_every),
-            "0.1",
-            "resume",
-        ]
-    )
+    run(tiny_run(data_file, killed, 1, steps, save_every, dropout, "resume"))
 
     straight, resumed = torch.load(tmp_path / "straight" / "state_rank0.pt"), torch.load(killed / "state_rank0.pt")
     for name in straight:
