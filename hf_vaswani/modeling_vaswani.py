@@ -360,6 +360,11 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             raise ValueError("the decoder needs encoder_hidden_states (or encoder_outputs) to attend to")
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+            raise ValueError(
+                f"past_key_values must be an EncoderDecoderCache (self- and cross-attention), got "
+                f"{type(past_key_values).__name__}"
+            )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embeddings(input_ids, inputs_embeds, past_length)
         causal_mask = create_causal_mask(
@@ -528,7 +533,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = self.loss(logits, labels, num_items_in_batch)
+            loss = self.label_smoothed_loss(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -541,7 +546,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def loss(
+    def label_smoothed_loss(
         self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
     ) -> torch.Tensor:
         """§5.4 label smoothing: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over target tokens."""
