@@ -1,0 +1,388 @@
+"""Speed and memory of hf_vaswani against transformers' MarianMTModel and CTranslate2, at identical size, on CPU.
+
+A randomly initialised MarianMTModel (ReLU, scaled and shared embeddings) is converted with `from_marian`, so both
+PyTorch models compute the same function (their logits are compared on one batch); CTranslate2, when installed,
+converts the same saved Marian folder. Repetitions alternate between systems and medians are reported.
+
+Metrics: training tokens/s (source + target tokens; forward, backward and AdamW step), greedy and beam-search output
+tokens/s at a forced output length (min = max length), and peak RSS growth during training (resident set size sampled
+every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory is trimmed first).
+
+    python scripts/benchmark.py --preset tiny --repeats 2
+    python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
+    python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
+    python scripts/benchmark.py --preset base --int8                # torch dynamic quantization and CT2 int8 (decoding)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import torch
+from transformers import MarianConfig, MarianMTModel
+from transformers.utils import logging as transformers_logging
+
+from hf_vaswani.convert import from_marian
+
+PRESETS = {
+    "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},
+    "tiny": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 256, "vocab": 1000},
+}
+EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last vocabulary entry, as CTranslate2 expects
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32, help="training sentences per batch")
+    parser.add_argument("--decode-batch-size", type=int, default=8, help="sentences per generate call")
+    parser.add_argument("--source-length", type=int, default=24, help="tokens per source (and training target)")
+    parser.add_argument("--output-length", type=int, default=24, help="forced number of generated tokens")
+    parser.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed training repetition")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--int8", action="store_true", help="decode with torch dynamic int8 and CTranslate2 int8")
+    parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 even when installed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", type=Path, default=Path("benchmark_results"))
+    return parser.parse_args()
+
+
+def build_models(preset: dict) -> tuple[MarianMTModel, torch.nn.Module]:
+    config = MarianConfig(
+        vocab_size=preset["vocab"],
+        d_model=preset["d_model"],
+        encoder_layers=preset["layers"],
+        decoder_layers=preset["layers"],
+        encoder_attention_heads=preset["heads"],
+        decoder_attention_heads=preset["heads"],
+        encoder_ffn_dim=preset["ffn"],
+        decoder_ffn_dim=preset["ffn"],
+        activation_function="relu",
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        pad_token_id=preset["vocab"] - 1,
+        decoder_start_token_id=preset["vocab"] - 1,
+        eos_token_id=EOS,
+        forced_eos_token_id=None,  # CTranslate2 has no forced final </s>: all three run the same search
+        max_position_embeddings=512,
+    )
+    marian = MarianMTModel(config).eval()
+    marian.generation_config.bad_words_ids = [[config.pad_token_id]]  # as OPUS-MT; CTranslate2 drops <pad> anyway
+    return marian, from_marian(marian).eval()
+
+
+def random_source(batch: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Ordinary tokens (neither eos, unk nor pad) ending with </s>, as Marian tokenizers produce."""
+    ids = torch.randint(2, vocab - 1, (batch, length), generator=generator)
+    ids[:, -1] = EOS
+    return ids
+
+
+def max_logit_difference(marian: MarianMTModel, vaswani: torch.nn.Module, source: torch.Tensor) -> float:
+    target = source.roll(1, dims=1)
+    with torch.no_grad():
+        ours = vaswani(input_ids=source, decoder_input_ids=target).logits
+        theirs = marian(input_ids=source, decoder_input_ids=target).logits
+    return (ours - theirs).abs().max().item()
+
+
+def trim_memory() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakRSS:
+    """Highest resident set size above the starting one while the block runs, sampled every 5 ms."""
+
+    def __enter__(self) -> PeakRSS:
+        self.process = psutil.Process()
+        self.start = self.peak = self.process.memory_info().rss
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc) -> None:
+        self.running = False
+        self.thread.join()
+        self.delta_mib = (self.peak - self.start) / 2**20
+
+
+def bf16_works() -> bool:
+    """Whether a bfloat16 matmul runs here: some virtual machines advertise AMX/AVX512-BF16 that then traps (SIGILL)."""
+    probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def autocast(dtype: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
+
+
+def train_run(model: torch.nn.Module, batch: dict, steps: int, dtype: str) -> tuple[float, float]:
+    """Training tokens/s and peak RSS growth (MiB) over `steps` AdamW steps, after one untimed warm-up step."""
+    trim_memory()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with autocast(dtype):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    with PeakRSS() as memory:
+        step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        seconds = time.perf_counter() - start
+    tokens = steps * (batch["input_ids"].numel() + batch["labels"].numel())
+    model.eval()
+    return tokens / seconds, memory.delta_mib
+
+
+def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, dtype: str, **extra) -> float:
+    """Output tokens/s of `generate` forced to `length` new tokens per sentence."""
+    start = time.perf_counter()
+    with torch.inference_mode(), autocast(dtype):
+        output = model.generate(
+            input_ids=source,
+            attention_mask=torch.ones_like(source),
+            num_beams=beams,
+            do_sample=False,
+            length_penalty=1.0,
+            min_new_tokens=length,
+            max_new_tokens=length,
+            **extra,
+        )
+    seconds = time.perf_counter() - start
+    new_tokens = output.shape[1] - 1  # minus the decoder start token
+    if new_tokens != length:
+        raise RuntimeError(f"{type(model).__name__} generated {new_tokens} tokens instead of {length}")
+    return source.shape[0] * new_tokens / seconds
+
+
+def ct2_translator(marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path):
+    """A CTranslate2 Translator converted from the saved Marian folder, or None (with the reason printed)."""
+    if args.no_ct2:
+        return None
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        print("CTranslate2: skipped (not installed; `pip install ctranslate2`)")
+        return None
+    tokens = {"</s>": EOS, "<unk>": UNK, "<pad>": vocab - 1} | {f"t{i}": i for i in range(2, vocab - 1)}
+
+    class NoTokenizerConverter(TransformersConverter):
+        # The converter reads only the vocabulary and the eos/unk tokens from a tokenizer; a random model has none.
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return SimpleNamespace(get_vocab=lambda: tokens, eos_token="</s>", unk_token="<unk>")
+
+    marian.save_pretrained(workdir / "marian")
+    NoTokenizerConverter(str(workdir / "marian")).convert(str(workdir / "ct2"), force=True)
+    compute_type = "int8" if args.int8 else {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
+    try:
+        return ctranslate2.Translator(
+            str(workdir / "ct2"), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
+        )
+    except ValueError as error:
+        print(f"CTranslate2: skipped ({error})")
+        return None
+
+
+def ct2_run(translator, source: torch.Tensor, beams: int, length: int) -> float:
+    batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in source.tolist()]
+    start = time.perf_counter()
+    results = translator.translate_batch(
+        batch, beam_size=beams, min_decoding_length=length, max_decoding_length=length, length_penalty=1.0
+    )
+    seconds = time.perf_counter() - start
+    lengths = {len(result.hypotheses[0]) for result in results}
+    if lengths != {length}:
+        raise RuntimeError(f"CTranslate2 generated {sorted(lengths)} tokens instead of {length}")
+    return len(results) * length / seconds
+
+
+def ct2_greedy_ids(translator, source: torch.Tensor, length: int) -> list[list[int]]:
+    batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in source.tolist()]
+    results = translator.translate_batch(batch, beam_size=1, min_decoding_length=length, max_decoding_length=length)
+    return [[EOS if token == "</s>" else int(token[1:]) for token in result.hypotheses[0]] for result in results]
+
+
+def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, length: int, extras: dict) -> None:
+    """Print the fraction of greedy output tokens each system shares with MarianMT (same function: close to 1)."""
+    outputs = {}
+    with torch.inference_mode():
+        for name, model in decode_models.items():
+            ids = model.generate(
+                input_ids=source,
+                num_beams=1,
+                do_sample=False,
+                min_new_tokens=length,
+                max_new_tokens=length,
+                **extras[name],
+            )
+            outputs[name] = ids[:, 1:].tolist()
+    if translator is not None:
+        outputs["CTranslate2"] = ct2_greedy_ids(translator, source, length)
+    reference = torch.tensor(outputs["MarianMT"])
+    for name, ids in outputs.items():
+        if name != "MarianMT":
+            same = (torch.tensor(ids) == reference).float().mean().item()
+            print(f"greedy tokens equal to MarianMT's: {name} {same:.1%}")
+
+
+def write_outputs(results: dict, meta: dict, output_dir: Path) -> str:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "benchmark.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    systems = list(next(iter(results.values())))
+    ratios = [other for other in ("MarianMT", "CTranslate2") if other in systems]
+    header = ["metric", *systems, *(f"hf_vaswani / {other}" for other in ratios)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for metric, values in results.items():
+        cells = [metric, *(f"{values[s]:.1f}" if values[s] is not None else "n/a" for s in systems)]
+        for other in ratios:
+            ours, theirs = values["hf_vaswani"], values[other]
+            cells.append(f"{ours / theirs:.2f}" if ours is not None and theirs else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    settings = ", ".join(f"{key}={value}" for key, value in meta.items())
+    table = "\n".join(lines)
+    (output_dir / "benchmark.md").write_text(f"# Benchmark\n\n{settings}\n\n{table}\n")
+    plot(results, output_dir / "benchmark.png")
+    return table
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.5))
+    for axis, (metric, values) in zip(axes if len(results) > 1 else [axes], results.items(), strict=True):
+        names = [name for name, value in values.items() if value is not None]
+        axis.bar(names, [values[name] for name in names], color=["C0", "C1", "C2"][: len(names)])
+        axis.set_title(metric, fontsize=9)
+        axis.tick_params(axis="x", labelsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    args = parse_args()
+    transformers_logging.disable_progress_bar()
+    if args.dtype == "bf16" and not bf16_works():
+        raise SystemExit("--dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction); use fp32")
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    preset = PRESETS[args.preset]
+    generator = torch.Generator().manual_seed(args.seed)
+    marian, vaswani = build_models(preset)
+    vocab = preset["vocab"]
+
+    check = random_source(4, args.source_length, vocab, generator)
+    print(f"max |logits(hf_vaswani) - logits(MarianMT)| = {max_logit_difference(marian, vaswani, check):.3e}")
+
+    source = random_source(args.batch_size, args.source_length, vocab, generator)
+    train_batch = {
+        "input_ids": source,
+        "attention_mask": torch.ones_like(source),
+        "labels": random_source(args.batch_size, args.source_length, vocab, generator),
+    }
+    decode_source = random_source(args.decode_batch_size, args.source_length, vocab, generator)
+
+    with tempfile.TemporaryDirectory() as workdir:
+        translator = ct2_translator(marian, vocab, args, Path(workdir))
+    print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
+
+    # Training first (it changes the weights: copies keep the decoding models identical and untouched).
+    train_models = {"hf_vaswani": vaswani, "MarianMT": marian}
+    speed: dict[str, list[float]] = {name: [] for name in train_models}
+    memory: dict[str, list[float]] = {name: [] for name in train_models}
+    for repeat in range(args.repeats):
+        for name, model in train_models.items():
+            tokens_per_second, mib = train_run(copy.deepcopy(model), train_batch, args.train_steps, args.dtype)
+            speed[name].append(tokens_per_second)
+            memory[name].append(mib)
+            print(f"train  repeat {repeat} {name:12s} {tokens_per_second:9.1f} tok/s  peak RSS +{mib:.0f} MiB")
+
+    decode_models = train_models
+    if args.int8:
+        decode_models = {
+            name: torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            for name, model in train_models.items()
+        }
+    extras = {"hf_vaswani": {"max_new_tokens_over_source": None, "length_penalty_type": "power"}, "MarianMT": {}}
+    greedy_agreement(decode_models, translator, decode_source, args.output_length, extras)
+    decoding: dict[str, dict[str, list[float]]] = {}
+    for beams in (1, args.beam_size):
+        label = "greedy" if beams == 1 else f"beam-{beams}"
+        decoding[label] = {name: [] for name in [*decode_models, *(["CTranslate2"] if translator else [])]}
+        for name, model in decode_models.items():  # untimed warm-up
+            generate_run(model, decode_source[:1], beams, 2, args.dtype, **extras[name])
+        if translator is not None:
+            ct2_run(translator, decode_source[:1], beams, 2)
+        for repeat in range(args.repeats):
+            for name, model in decode_models.items():
+                value = generate_run(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
+                decoding[label][name].append(value)
+                print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
+            if translator is not None:
+                value = ct2_run(translator, decode_source, beams, args.output_length)
+                decoding[label]["CTranslate2"].append(value)
+                print(f"{label:7s} repeat {repeat} {'CTranslate2':12s} {value:9.1f} tok/s")
+
+    systems = ["hf_vaswani", "MarianMT", *(["CTranslate2"] if translator else [])]
+
+    def medians(values: dict[str, list[float]]) -> dict[str, float | None]:
+        return {s: statistics.median(values[s]) if values.get(s) else None for s in systems}
+
+    results = {"train tokens/s": medians(speed), "train peak RSS growth (MiB)": medians(memory)}
+    results |= {f"{label} output tokens/s": medians(values) for label, values in decoding.items()}
+    meta = {
+        "preset": args.preset,
+        **preset,
+        "dtype": args.dtype,
+        "int8 decoding": args.int8,
+        "threads": args.threads,
+        "train batch": f"{args.batch_size}x{args.source_length}+{args.source_length}",
+        "train steps": args.train_steps,
+        "decode batch": args.decode_batch_size,
+        "output length": args.output_length,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+    }
+    print(write_outputs(results, meta, args.output_dir))
+    print(f"wrote {args.output_dir}/benchmark.json, benchmark.md, benchmark.png")
+
+
+if __name__ == "__main__":
+    main()
