@@ -1,6 +1,7 @@
 """The `vaswani` command: thin argument parsing over the library."""
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -104,14 +105,20 @@ def command_average(args: argparse.Namespace) -> None:
     print(average_checkpoints(checkpoints, args.output))
 
 
-def command_translate(args: argparse.Namespace) -> None:
+def load_saved(model_path: str, device: str = "cpu"):
+    """A saved model folder (or Hub id) and its tokenizer, as every inference subcommand uses them."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_path, trust_remote_code=True).to(device)
+    return model, AutoTokenizer.from_pretrained(model_path)
+
+
+def command_translate(args: argparse.Namespace) -> None:
     from .inference import translate
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    with open(args.input, encoding="utf-8") if args.input else sys.stdin as source:
+    model, tokenizer = load_saved(args.model, args.device)
+    # nullcontext: standard input and output stay open
+    with open(args.input, encoding="utf-8") if args.input else contextlib.nullcontext(sys.stdin) as source:
         sentences = [line.rstrip("\n") for line in source]
     options = {
         name: value
@@ -119,35 +126,27 @@ def command_translate(args: argparse.Namespace) -> None:
         if (value := getattr(args, name)) is not None
     }
     translations = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
-    with open(args.output, "w", encoding="utf-8") if args.output else sys.stdout as target:
+    with open(args.output, "w", encoding="utf-8") if args.output else contextlib.nullcontext(sys.stdout) as target:
         target.writelines(line + "\n" for line in translations)
 
 
 def command_evaluate(args: argparse.Namespace) -> None:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     from .data import load_parallel_files
-    from .inference import translate
-    from .metrics import corpus_scores, tokenized_bleu
+    from .inference import translate_and_score
 
     test = load_parallel_files(args.source, args.reference)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    hypotheses = translate(model, tokenizer, test["source"], batch_size=args.batch_size)
-    scores = corpus_scores(hypotheses, test["target"])
-    report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature")}
-    report["tokenized_bleu"] = tokenized_bleu(hypotheses, test["target"], lang=args.target_lang)
+    model, tokenizer = load_saved(args.model, args.device)
+    hypotheses, report = translate_and_score(
+        model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size
+    )
     report["sentences"] = len(hypotheses)
     print(json.dumps(report, indent=2))
 
 
 def command_plot_attention(args: argparse.Namespace) -> None:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     from .plots import plot_attention
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model, tokenizer = load_saved(args.model)
     for path in plot_attention(model, tokenizer, args.sentence, args.output_dir, layer=args.layer):
         print(path)
 

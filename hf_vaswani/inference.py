@@ -6,6 +6,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .metrics import corpus_scores, tokenized_bleu
+
 
 def translate(
     model: PreTrainedModel,
@@ -30,3 +32,19 @@ def translate(
         for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
             translations[i] = text
     return translations
+
+
+def translate_and_score(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[str],
+    references: Sequence[str],
+    target_lang: str,
+    batch_size: int = 64,
+) -> tuple[list[str], dict]:
+    """Translate a test set and score it: sacreBLEU, chrF2 and the paper's tokenized BLEU (unrounded)."""
+    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size)
+    scores = corpus_scores(hypotheses, references)
+    report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature")}
+    report["tokenized_bleu"] = tokenized_bleu(hypotheses, references, lang=target_lang)
+    return hypotheses, report

@@ -13,8 +13,7 @@ from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase, set_se
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import paper_generation_config
-from .inference import translate
-from .metrics import corpus_scores, tokenized_bleu
+from .inference import translate_and_score
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
 from .tokenization import train_shared_bpe_from_dataset
@@ -158,18 +157,19 @@ def run_recipe(
     if not trainer.is_world_process_zero():
         return {}
 
+    # The averaged folder carries the last checkpoint's generation config (the paper's decoding).
     model = VaswaniForConditionalGeneration.from_pretrained(averaging.averaged_path).to(trainer.args.device)
-    model.generation_config = trainer.model.generation_config
     sources, references = corpus["test"]["source"], corpus["test"]["target"]
-    hypotheses = translate(model, tokenizer, sources, batch_size=settings.eval_batch_size)
-    scores = corpus_scores(hypotheses, references)
+    hypotheses, scores = translate_and_score(
+        model, tokenizer, sources, references, target_lang, batch_size=settings.eval_batch_size
+    )
 
     model_dir = output_dir / "model"
     save_model_folder(model, tokenizer, model_dir)
     results = {
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
-        "tokenized_bleu": round(tokenized_bleu(hypotheses, references, lang=target_lang), 2),
+        "tokenized_bleu": round(scores["tokenized_bleu"], 2),
         "bleu_signature": scores["bleu_signature"],
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - started, 1),
