@@ -71,7 +71,7 @@ from transformers import (
 
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniSinusoidalPositionalEncoding
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +117,6 @@ def interleave_permutation(d_model: int) -> torch.Tensor:
     """
     half = torch.arange(d_model // 2)
     return torch.stack((half, half + d_model // 2), dim=1).flatten()
-
-
-def halves_sinusoids(positions: torch.Tensor, d_model: int, fairseq: bool) -> torch.Tensor:
-    """Sinusoids in the sources' layout (all sines, then all cosines), in float64 for comparison with their tables."""
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    exponents = i / (d_model // 2 - 1) if fairseq else 2 * i / d_model
-    angles = positions.to(torch.float64)[:, None] / torch.pow(10000.0, exponents)
-    return torch.cat((angles.sin(), angles.cos()), dim=1)
 
 
 def _layer_target(name: str) -> tuple[str, int | None] | None:
@@ -190,10 +182,13 @@ def _check_expressible(source: PreTrainedModel, positional_flag_name: str | None
 
 def _check_positions(table: torch.Tensor, first_position: int, fairseq: bool, where: str) -> None:
     """Refuse a positional table that is not the sinusoid the converted model will compute instead of storing."""
-    rows = table[first_position:].detach().to("cpu", torch.float64)
-    expected = halves_sinusoids(torch.arange(first_position, table.shape[0]), table.shape[1], fairseq)
-    # Float32 tables of sinusoids differ from float64 ones by ~1e-5 at large positions; learned ones by O(0.1).
-    if rows.shape != expected.shape or not torch.allclose(rows, expected, atol=1e-3, rtol=0):
+    d_model = table.shape[1]
+    positions = VaswaniSinusoidalPositionalEncoding(d_model, fairseq, first_position)
+    ours = positions(torch.arange(table.shape[0] - first_position))
+    expected = ours[:, torch.argsort(interleave_permutation(d_model))]  # back to the sources' halves layout
+    rows = table[first_position:].detach().to("cpu", torch.float32)
+    # Float32 sinusoids differ by ~1e-5 at large positions; learned tables by O(0.1).
+    if not torch.allclose(rows, expected, atol=1e-3, rtol=0):
         raise ValueError(f"cannot convert non-sinusoidal positions: {where} does not hold the expected sinusoids")
 
 
@@ -427,4 +422,4 @@ def convert_folder(kind: str, source_dir: str | os.PathLike, output_dir: str | o
     return output_dir
 
 
-__all__ = ["convert_folder", "from_fsmt", "from_marian", "halves_sinusoids", "interleave_permutation"]
+__all__ = ["convert_folder", "from_fsmt", "from_marian", "interleave_permutation"]

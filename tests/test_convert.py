@@ -23,10 +23,12 @@ from transformers import (
     MarianTokenizer,
     PreTrainedModel,
 )
+from transformers.models.fsmt.modeling_fsmt import SinusoidalPositionalEmbedding as FSMTSinusoidalPositionalEmbedding
+from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
-from hf_vaswani.convert import convert_folder, from_fsmt, from_marian, halves_sinusoids, interleave_permutation
+from hf_vaswani.convert import convert_folder, from_fsmt, from_marian, interleave_permutation
 from hf_vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
 
 SMALL = dict(
@@ -264,10 +266,12 @@ def test_conversion_keeps_logits_and_decoding(name: str, tmp_path: Path) -> None
 def test_permutation_turns_halves_into_interleaved_sinusoids() -> None:
     assert interleave_permutation(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
     positions = torch.arange(40)
-    for fairseq, first in ((False, 0), (True, 2)):
+    # transformers' own tables as the reference: Marian's from position 0, FSMT's from padding_idx + 1
+    marian = MarianSinusoidalPositionalEmbedding(40, 16).create_weight()
+    fsmt = FSMTSinusoidalPositionalEmbedding.get_embedding(42, 16, padding_idx=1)[2:]
+    for fairseq, first, theirs in ((False, 0, marian), (True, 2, fsmt)):
         ours = VaswaniSinusoidalPositionalEncoding(16, fairseq=fairseq, first_position=first)(positions)
-        theirs = halves_sinusoids(positions + first, 16, fairseq).float()
-        torch.testing.assert_close(theirs[:, interleave_permutation(16)], ours, atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs.float()[:, interleave_permutation(16)], ours, atol=1e-5, rtol=0)
 
 
 def tiny_marian(**overrides) -> MarianMTModel:
