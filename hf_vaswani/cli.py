@@ -105,18 +105,20 @@ def command_average(args: argparse.Namespace) -> None:
     print(average_checkpoints(checkpoints, args.output))
 
 
-def load_saved(model_path: str, device: str = "cpu"):
+def load_saved(model_path: str, device: str = "cpu", int8: bool = False):
     """A saved model folder (or Hub id) and its tokenizer, as every inference subcommand uses them."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+    from .inference import quantize_int8
+
     model = AutoModelForSeq2SeqLM.from_pretrained(model_path, trust_remote_code=True).to(device)
-    return model, AutoTokenizer.from_pretrained(model_path)
+    return quantize_int8(model) if int8 else model, AutoTokenizer.from_pretrained(model_path)
 
 
 def command_translate(args: argparse.Namespace) -> None:
     from .inference import translate
 
-    model, tokenizer = load_saved(args.model, args.device)
+    model, tokenizer = load_saved(args.model, args.device, args.int8)
     # nullcontext: standard input and output stay open
     with open(args.input, encoding="utf-8") if args.input else contextlib.nullcontext(sys.stdin) as source:
         sentences = [line.rstrip("\n") for line in source]
@@ -135,7 +137,7 @@ def command_evaluate(args: argparse.Namespace) -> None:
     from .inference import translate_and_score
 
     test = load_parallel_files(args.source, args.reference)
-    model, tokenizer = load_saved(args.model, args.device)
+    model, tokenizer = load_saved(args.model, args.device, args.int8)
     hypotheses, report = translate_and_score(
         model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size
     )
@@ -233,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--length-penalty", type=float, help="GNMT alpha; default: the model's (paper: 0.6)")
     translate.add_argument("--max-new-tokens", type=int, help="an absolute cap on top of source length + 50")
     translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    translate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
     translate.set_defaults(handler=command_translate)
 
     evaluate = commands.add_parser(
@@ -244,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--target-lang", default="de", help="language of the Moses tokenizer for tokenized BLEU")
     evaluate.add_argument("--batch-size", type=int, default=64)
     evaluate.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    evaluate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
     evaluate.set_defaults(handler=command_evaluate)
 
     plot = commands.add_parser("plot-attention", help="heatmaps of all heads of a layer for one sentence (PNG)")

@@ -67,6 +67,18 @@ class PaperDecodingMixin:
             raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
         return super().generate(inputs, generation_config, **kwargs)
 
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
+        # transformers copies the encoder states and source mask num_beams times; the beams of a sentence share them
+        # instead (cross-attention groups their queries), which saves the copies and reordering them every step.
+        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, **model_kwargs)
+        return input_ids, {**model_kwargs, **shared}
+
+    def _reorder_cache(self, past_key_values, beam_idx: torch.LongTensor):
+        # Beam search moves hypotheses only among the beams of one sentence: the shared cross-attention cache stays.
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
+
     @staticmethod
     def _source_lengths(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
         """Tokens per source sentence, padding excluded; None when generate gets no source to measure."""

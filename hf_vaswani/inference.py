@@ -1,12 +1,31 @@
 """Batched translation with a saved model: sentences sorted by length, decoded in batches, returned in input order."""
 
+import warnings
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .metrics import corpus_scores, tokenized_bleu
+
+
+def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of `model` for CPU inference whose Linear layers hold int8 weights and quantize their inputs on the fly.
+
+    Dynamic quantization (per-tensor int8 weights, activations scaled per batch, int32 accumulation) from torch's
+    `torch.ao.quantization`; embeddings and layer norms stay float32. About twice the beam-search speed of float32 on
+    a CPU with AVX-512 VNNI, for a BLEU change within noise (README, "Performance").
+    """
+    if model.device.type != "cpu":
+        raise ValueError(f"int8 inference runs on CPU; the model is on {model.device}")
+    with warnings.catch_warnings():
+        # torch.ao's eager quantization is deprecated in favour of torchao, whose CPU int8 kernels need torch.compile
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch.ao")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        return torch.ao.quantization.quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
 def translate(

@@ -86,7 +86,7 @@ class VaswaniMultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention when `key_value_states` is None, else encoder-decoder attention over `key_value_states`."""
         batch_size, length = hidden_states.shape[:2]
-        query = self.q_proj(hidden_states).view(batch_size, length, -1, self.d_k).transpose(1, 2)
+        query = self.q_proj(hidden_states).unflatten(-1, (-1, self.d_k)).transpose(1, 2)
 
         is_cross_attention = key_value_states is not None
         cache = None
@@ -99,13 +99,22 @@ class VaswaniMultiHeadAttention(nn.Module):
             key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross_attention else hidden_states
-            key = self.k_proj(source).view(batch_size, source.shape[1], -1, self.d_k).transpose(1, 2)
-            value = self.v_proj(source).view(batch_size, source.shape[1], -1, self.d_v).transpose(1, 2)
+            key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)
+            value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
                 if is_cross_attention:
                     past_key_values.is_updated[self.layer_idx] = True
 
+        # The beams (or returned sequences) of a sentence share its encoder states, kept once per sentence during
+        # generation: their queries are stacked along the length axis and attend to that one copy together.
+        group = batch_size // key.shape[0]
+        if group * key.shape[0] != batch_size:
+            raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
+        if group > 1:
+            query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
+            if attention_mask is not None:
+                attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, scaled_dot_product_attention
         )
@@ -119,6 +128,9 @@ class VaswaniMultiHeadAttention(nn.Module):
             dropout=self.config.attention_dropout if self.training else 0.0,
             **kwargs,
         )
+        if group > 1 and weights is not None:
+            weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
+        # (batch / group, group * length, heads, d_v) holds the same memory order as (batch, length, heads * d_v)
         return self.out_proj(output.reshape(batch_size, length, -1)), weights
 
 
@@ -463,6 +475,51 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
+class ProjectedLabelSmoothedLoss(torch.autograd.Function):
+    """§5.4 label-smoothed cross-entropy of the output projection (§3.4), summed over the target tokens.
+
+    Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
+    and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
+    memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Labels -100: ignored.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int) -> torch.Tensor:
+        hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+        vocab_size, eps = weight.shape[0], label_smoothing
+        grad_hidden = torch.empty_like(hidden_rows)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
+        total = hidden.new_zeros((), dtype=loss_dtype)
+        for start in range(0, labels.shape[0], chunk_size):
+            rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
+            ignored = targets == -100
+            targets = targets.masked_fill(ignored, 0)[:, None]
+            log_probs = nn.functional.linear(rows, weight, bias).to(loss_dtype).log_softmax(-1)
+            # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
+            losses = -(1 - eps) * log_probs.gather(1, targets)[:, 0] - eps / vocab_size * log_probs.sum(-1)
+            total += losses.masked_fill(ignored, 0.0).sum()
+            grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
+            grad_logits.scatter_add_(1, targets, torch.full_like(log_probs[:, :1], eps - 1))
+            grad_logits = grad_logits.masked_fill_(ignored[:, None], 0.0).to(rows.dtype)
+            grad_hidden[start : start + chunk_size] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, rows)
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0)
+        ctx.hidden_shape = hidden.shape
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        grad_hidden = (grad_hidden * grad_total).view(ctx.hidden_shape)
+        scaled = [None if grad is None else grad * grad_total for grad in (grad_weight, grad_bias)]
+        return grad_hidden, *scaled, None, None, None
+
+
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin, GenerationMixin):
     """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
 
@@ -530,10 +587,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.label_smoothed_loss(logits, labels, num_items_in_batch)
+        logits = loss = None
+        if labels is not None and torch.is_grad_enabled():  # training: the loss without full-vocabulary logits
+            loss = self.label_smoothed_loss(outputs.last_hidden_state, labels, num_items_in_batch)
+        else:
+            logits = self.lm_head(outputs.last_hidden_state)
+            if labels is not None:
+                loss = self.label_smoothed_loss(outputs.last_hidden_state, labels, num_items_in_batch, logits)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -547,17 +607,31 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         )
 
     def label_smoothed_loss(
-        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+        self,
+        hidden_states: torch.Tensor,
+        labels: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """§5.4 label smoothing: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over target tokens."""
-        labels = labels.masked_fill(labels == self.config.pad_token_id, -100).to(logits.device)
-        total = nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.flatten(),
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=self.config.label_smoothing,
-        )
+        """§5.4 label smoothing: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over target tokens.
+
+        From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states.
+        """
+        labels = labels.masked_fill(labels == self.config.pad_token_id, -100).to(hidden_states.device)
+        if logits is None:
+            weight, bias = self.lm_head.weight, self.lm_head.bias
+            chunk_size = max(1, 2**22 // weight.shape[0])  # about 16 MiB of float32 logits per chunk
+            total = ProjectedLabelSmoothedLoss.apply(
+                hidden_states, weight, bias, labels, self.config.label_smoothing, chunk_size
+            )
+        else:
+            total = nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(),
+                labels.flatten(),
+                ignore_index=-100,
+                reduction="sum",
+                label_smoothing=self.config.label_smoothing,
+            )
         denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
         return total / denominator
 

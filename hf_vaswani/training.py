@@ -35,7 +35,7 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
     """Seq2SeqTrainingArguments with §5.3's Adam and the paper's schedule multiplier; any argument can be overridden."""
     settings = dict(
         output_dir=str(output_dir),
-        optim="adamw_torch",
+        optim="adamw_torch_fused",  # one kernel for the whole update, CPU included
         adam_beta1=0.9,
         adam_beta2=0.98,
         adam_epsilon=1e-9,

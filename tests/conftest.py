@@ -66,7 +66,7 @@ def trained_folder(tmp_path_factory):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50))
     generator = torch.Generator().manual_seed(0)
-    for _ in range(400):
+    for _ in range(600):
         batch = [pairs[i] for i in torch.randint(len(pairs), (32,), generator=generator)]
         inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch], return_tensors="pt", padding=True)
         inputs["labels"] = inputs["labels"].masked_fill(inputs["labels"] == tokenizer.pad_token_id, -100)

@@ -8,11 +8,12 @@ import sys
 import pytest
 import torch
 from helpers import run_without_hf_vaswani
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, pipeline
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
+from hf_vaswani.generation_vaswani import PaperDecodingMixin
 
 EOS = 2
 
@@ -262,3 +263,27 @@ def test_plot_attention_command_writes_three_heatmap_pngs(tmp_path, trained_fold
     main(["plot-attention", str(trained_folder), "--sentence", "red cat sun", "--output-dir", str(tmp_path)])
     for name in ("encoder_attention.png", "decoder_attention.png", "encoder_decoder_attention.png"):
         assert (tmp_path / name).stat().st_size > 5_000
+
+
+def test_beams_sharing_encoder_states_decode_as_transformers_copies(capitaliser, monkeypatch) -> None:
+    """One copy of the encoder states per sentence gives what transformers' num_beams copies (and reordering) give."""
+    model, tokenizer = capitaliser
+    batch = tokenizer(["red cat sun moon", "blue dog", "green tree river sun cat"], return_tensors="pt", padding=True)
+    options = dict(
+        num_beams=4,
+        num_return_sequences=3,
+        length_penalty=1.0,  # scores compared below: keep them free of the length term
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_attentions=True,
+    )
+    shared = model.generate(**batch, **options)
+    monkeypatch.setattr(PaperDecodingMixin, "_expand_inputs_for_generation", GenerationMixin._expand_inputs_for_generation)
+    monkeypatch.delattr(PaperDecodingMixin, "_reorder_cache")
+    copied = model.generate(**batch, **options)
+    assert torch.equal(shared.sequences, copied.sequences)
+    torch.testing.assert_close(shared.sequences_scores, copied.sequences_scores)
+    for step_shared, step_copied in zip(shared.cross_attentions, copied.cross_attentions, strict=True):
+        for layer_shared, layer_copied in zip(step_shared, step_copied, strict=True):
+            assert layer_shared.shape == layer_copied.shape  # (sentences x beams, heads, 1, source length)
+            torch.testing.assert_close(layer_shared, layer_copied)

@@ -8,7 +8,7 @@ from torch import nn
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
-from hf_vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+from hf_vaswani.modeling_vaswani import ProjectedLabelSmoothedLoss, VaswaniSinusoidalPositionalEncoding
 
 
 def make_model(attn_implementation: str = "sdpa", seed: int = 0, **kwargs) -> VaswaniForConditionalGeneration:
@@ -333,7 +333,10 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
     source, source_mask = padded_batch(61, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])  # -100 and the padding id are both ignored
     out = model(input_ids=source, attention_mask=source_mask, labels=labels)
-    log_probs = out.logits.double().log_softmax(-1)
+    assert out.logits is None  # with gradients on, the loss is computed without full-vocabulary logits
+    decoder_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
+    logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits
+    log_probs = logits.double().log_softmax(-1)
     eps, vocab, total, count = 0.1, 61, 0.0, 0
     for b in range(2):
         for t in range(4):
@@ -346,9 +349,35 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
     assert count == 5
     assert out.loss.item() == pytest.approx(float(total / count), rel=1e-5)
     # Decoder inputs were the labels shifted right behind the start token, with ignored positions as padding.
-    expected_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
-    explicit = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=expected_inputs, labels=labels)
+    explicit = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs, labels=labels)
     torch.testing.assert_close(explicit.loss, out.loss)
+    with torch.no_grad():  # evaluation: logits returned, loss from them
+        evaluated = model(input_ids=source, attention_mask=source_mask, labels=labels)
+    torch.testing.assert_close(evaluated.logits, logits)
+    torch.testing.assert_close(evaluated.loss, out.loss)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_size: int) -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0, 3] = labels[2, 6] = -100
+    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, chunk_size)
+    ours_grads = torch.autograd.grad(ours * 0.37, (hidden, weight, bias))
+    reference = nn.functional.cross_entropy(
+        nn.functional.linear(hidden, weight, bias).flatten(0, 1),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=0.1,
+    )
+    reference_grads = torch.autograd.grad(reference * 0.37, (hidden, weight, bias))
+    torch.testing.assert_close(ours, reference)
+    for name, got, expected in zip(("hidden", "weight", "bias"), ours_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, msg=name)
 
 
 def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch(tiny_config_kwargs: dict) -> None:
