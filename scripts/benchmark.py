@@ -4,9 +4,9 @@ A randomly initialised MarianMTModel (ReLU, scaled and shared embeddings) is con
 PyTorch models compute the same function (their logits are compared on one batch); CTranslate2, when installed,
 converts the same saved Marian folder. Repetitions alternate between systems and medians are reported.
 
-Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search output
-tokens/s at a forced output length (min = max length), and peak RSS growth during training (resident set size sampled
-every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory is trimmed first).
+Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search
+output tokens/s at a forced output length (min = max length), and peak RSS growth during training (resident set size
+sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory is trimmed first).
 
     python scripts/benchmark.py --preset tiny --repeats 2
     python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2

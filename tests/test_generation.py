@@ -278,7 +278,8 @@ def test_beams_sharing_encoder_states_decode_as_transformers_copies(capitaliser,
         output_attentions=True,
     )
     shared = model.generate(**batch, **options)
-    monkeypatch.setattr(PaperDecodingMixin, "_expand_inputs_for_generation", GenerationMixin._expand_inputs_for_generation)
+    stock_expansion = GenerationMixin._expand_inputs_for_generation
+    monkeypatch.setattr(PaperDecodingMixin, "_expand_inputs_for_generation", stock_expansion)
     monkeypatch.delattr(PaperDecodingMixin, "_reorder_cache")
     copied = model.generate(**batch, **options)
     assert torch.equal(shared.sequences, copied.sequences)
