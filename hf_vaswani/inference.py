@@ -1,5 +1,6 @@
 """Batched translation with a saved model: sentences sorted by length, decoded in batches, returned in input order."""
 
+import copy
 import warnings
 from collections.abc import Sequence
 
@@ -25,7 +26,11 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.ao")
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
-        return torch.ao.quantization.quantize_dynamic(model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=False)
+        quantized = copy.deepcopy(model).eval()
+        for module in quantized.modules():
+            if isinstance(module, nn.Linear):
+                module.__class__ = nn.Linear  # torch.ao swaps exact nn.Linear only (VaswaniLinear is one)
+        return torch.ao.quantization.quantize_dynamic(quantized, {nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def translate(

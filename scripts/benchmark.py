@@ -21,6 +21,7 @@ import copy
 import ctypes
 import gc
 import json
+import multiprocessing
 import statistics
 import subprocess
 import sys
@@ -190,16 +191,15 @@ def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
     return source.shape[0] * new_tokens / seconds
 
 
-def ct2_translator(marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path):
-    """A CTranslate2 Translator converted from the saved Marian folder, or None (with the reason printed)."""
-    if args.no_ct2:
-        return None
+def ct2_serve(connection, marian_dir: str, vocab: int, compute_type: str, threads: int) -> None:
+    """CTranslate2 in a process of its own, so that its OpenMP runtime (Intel's) and torch's (GNU) never share one:
+    loaded together they slow PyTorch down. Converts the saved Marian folder, then answers decoding requests."""
     try:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
     except ImportError:
-        print("CTranslate2: skipped (not installed; `pip install ctranslate2`)")
-        return None
+        connection.send("not installed; `pip install ctranslate2`")
+        return
     tokens = {"</s>": EOS, "<unk>": UNK, "<pad>": vocab - 1} | {f"t{i}": i for i in range(2, vocab - 1)}
 
     class NoTokenizerConverter(TransformersConverter):
@@ -207,35 +207,56 @@ def ct2_translator(marian: MarianMTModel, vocab: int, args: argparse.Namespace, 
         def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
             return SimpleNamespace(get_vocab=lambda: tokens, eos_token="</s>", unk_token="<unk>")
 
-    marian.save_pretrained(workdir / "marian")
-    NoTokenizerConverter(str(workdir / "marian")).convert(str(workdir / "ct2"), force=True)
-    compute_type = "int8" if args.int8 else {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
+    output_dir = str(Path(marian_dir).parent / "ct2")
+    NoTokenizerConverter(marian_dir).convert(output_dir, force=True)
     try:
-        return ctranslate2.Translator(
-            str(workdir / "ct2"), device="cpu", compute_type=compute_type, intra_threads=args.threads, inter_threads=1
+        translator = ctranslate2.Translator(
+            output_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
         )
     except ValueError as error:
-        print(f"CTranslate2: skipped ({error})")
-        return None
+        connection.send(str(error))
+        return
+    connection.send("ready")
+    while (request := connection.recv()) is not None:
+        rows, beams, length = request
+        batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in rows]
+        start = time.perf_counter()
+        results = translator.translate_batch(
+            batch, beam_size=beams, min_decoding_length=length, max_decoding_length=length, length_penalty=1.0
+        )
+        seconds = time.perf_counter() - start
+        ids = [[EOS if token == "</s>" else int(token[1:]) for token in result.hypotheses[0]] for result in results]
+        connection.send((seconds, ids))
 
 
-def ct2_run(translator, source: torch.Tensor, beams: int, length: int) -> float:
-    batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in source.tolist()]
-    start = time.perf_counter()
-    results = translator.translate_batch(
-        batch, beam_size=beams, min_decoding_length=length, max_decoding_length=length, length_penalty=1.0
-    )
-    seconds = time.perf_counter() - start
-    lengths = {len(result.hypotheses[0]) for result in results}
-    if lengths != {length}:
-        raise RuntimeError(f"CTranslate2 generated {sorted(lengths)} tokens instead of {length}")
-    return len(results) * length / seconds
+class CTranslate2Process:
+    """Client of `ct2_serve`; `available` is False (the reason printed) when CTranslate2 cannot run here."""
 
+    def __init__(self, marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path) -> None:
+        marian.save_pretrained(workdir / "marian")
+        compute_type = "int8" if args.int8 else {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(
+            target=ct2_serve, args=(child, str(workdir / "marian"), vocab, compute_type, args.threads), daemon=True
+        )
+        self.process.start()
+        status = self.connection.recv()
+        self.available = status == "ready"
+        if not self.available:
+            print(f"CTranslate2: skipped ({status})")
 
-def ct2_greedy_ids(translator, source: torch.Tensor, length: int) -> list[list[int]]:
-    batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in source.tolist()]
-    results = translator.translate_batch(batch, beam_size=1, min_decoding_length=length, max_decoding_length=length)
-    return [[EOS if token == "</s>" else int(token[1:]) for token in result.hypotheses[0]] for result in results]
+    def decode(self, source: torch.Tensor, beams: int, length: int) -> tuple[float, list[list[int]]]:
+        """Output tokens/s and the best hypotheses' ids, checked to have `length` tokens each."""
+        self.connection.send((source.tolist(), beams, length))
+        seconds, ids = self.connection.recv()
+        if {len(row) for row in ids} != {length}:
+            raise RuntimeError(f"CTranslate2 generated {sorted({len(row) for row in ids})} tokens instead of {length}")
+        return len(ids) * length / seconds, ids
+
+    def close(self) -> None:
+        self.connection.send(None)
+        self.process.join()
 
 
 def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, length: int, extras: dict) -> None:
@@ -253,7 +274,7 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
             )
             outputs[name] = ids[:, 1:].tolist()
     if translator is not None:
-        outputs["CTranslate2"] = ct2_greedy_ids(translator, source, length)
+        outputs["CTranslate2"] = translator.decode(source, 1, length)[1]
     reference = torch.tensor(outputs["MarianMT"])
     for name, ids in outputs.items():
         if name != "MarianMT":
@@ -321,8 +342,11 @@ def main() -> None:
     }
     decode_source = random_source(args.decode_batch_size, args.source_length, vocab, generator)
 
-    with tempfile.TemporaryDirectory() as workdir:
-        translator = ct2_translator(marian, vocab, args, Path(workdir))
+    translator = None
+    if not args.no_ct2:
+        with tempfile.TemporaryDirectory() as workdir:
+            translator = CTranslate2Process(marian, vocab, args, Path(workdir))
+        translator = translator if translator.available else None
     print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
 
     # Training first (it changes the weights: copies keep the decoding models identical and untouched).
@@ -348,17 +372,19 @@ def main() -> None:
         for name, model in decode_models.items():  # untimed warm-up
             generate_run(model, decode_source[:1], beams, 2, args.dtype, **extras[name])
         if translator is not None:
-            ct2_run(translator, decode_source[:1], beams, 2)
+            translator.decode(decode_source[:1], beams, 2)
         for repeat in range(args.repeats):
             for name, model in decode_models.items():
                 value = generate_run(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
             if translator is not None:
-                value = ct2_run(translator, decode_source, beams, args.output_length)
+                value = translator.decode(decode_source, beams, args.output_length)[0]
                 decoding[label]["CTranslate2"].append(value)
                 print(f"{label:7s} repeat {repeat} {'CTranslate2':12s} {value:9.1f} tok/s")
 
+    if translator is not None:
+        translator.close()
     systems = ["hf_vaswani", "MarianMT", *(["CTranslate2"] if translator else [])]
 
     def medians(values: dict[str, list[float]]) -> dict[str, float | None]:

@@ -347,7 +347,7 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
             total += -((1 - eps) * log_probs[b, t, y] + eps / vocab * log_probs[b, t].sum())
             count += 1
     assert count == 5
-    assert out.loss.item() == pytest.approx(float(total / count), rel=1e-5)
+    assert out.loss.detach().item() == pytest.approx(float(total / count), rel=1e-5)
     # Decoder inputs were the labels shifted right behind the start token, with ignored positions as padding.
     explicit = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs, labels=labels)
     torch.testing.assert_close(explicit.loss, out.loss)
