@@ -6,6 +6,8 @@ and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here becau
 about `max_tokens` source and target tokens (§5.1) and the exact learning-rate formula (§5.3, Eq. 3).
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -50,7 +52,20 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
         ddp_find_unused_parameters=False,  # every parameter takes part in every step
     )
-    return Seq2SeqTrainingArguments(**{**settings, **overrides})
+    arguments = {**settings, **overrides}
+    if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():
+        raise ValueError(
+            "bf16 on this CPU: a bfloat16 matmul stops the process with an illegal instruction (the CPU advertises AMX "
+            "that this machine does not enable, as on some virtual machines). Set ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 "
+            "in the environment to use AVX-512 BF16 without AMX, or train in fp32."
+        )
+    return Seq2SeqTrainingArguments(**arguments)
+
+
+def cpu_bf16_matmul_works() -> bool:
+    """Whether a bfloat16 matmul runs on this CPU, tried in a child process since the failure is a crash (SIGILL)."""
+    probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenizerBase) -> DatasetDict | Dataset:

@@ -23,8 +23,6 @@ import gc
 import json
 import multiprocessing
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +37,7 @@ from transformers.utils import logging as transformers_logging
 
 from hf_vaswani.convert import from_marian
 from hf_vaswani.inference import quantize_int8
+from hf_vaswani.training import cpu_bf16_matmul_works
 
 PRESETS = {
     "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},
@@ -133,12 +132,6 @@ class PeakRSS:
         self.running = False
         self.thread.join()
         self.delta_mib = (self.peak - self.start) / 2**20
-
-
-def bf16_works() -> bool:
-    """Whether a bfloat16 matmul runs here: some virtual machines advertise AMX/AVX512-BF16 that then traps (SIGILL)."""
-    probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 def autocast(dtype: str):
@@ -322,8 +315,11 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     args = parse_args()
     transformers_logging.disable_progress_bar()
-    if args.dtype == "bf16" and not bf16_works():
-        raise SystemExit("--dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction); use fp32")
+    if args.dtype == "bf16" and not cpu_bf16_matmul_works():
+        raise SystemExit(
+            "--dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction: AMX advertised, not enabled); "
+            "run with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX-512 BF16 instead"
+        )
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     preset = PRESETS[args.preset]
