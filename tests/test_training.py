@@ -200,3 +200,12 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     torch.testing.assert_close(model.state_dict()["lm_head.weight"], expected)
     out = model.generate(**tokenizer(["the dog sleeps ."], return_tensors="pt"), max_new_tokens=8)
     assert isinstance(tokenizer.decode(out[0], skip_special_tokens=True), str)
+
+
+def test_bf16_on_a_cpu_whose_bf16_matmul_traps_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    import hf_vaswani.training as training
+
+    monkeypatch.setattr(training, "cpu_bf16_matmul_works", lambda: False)
+    with pytest.raises(ValueError, match="ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"):
+        training.paper_training_arguments(tmp_path, bf16=True, use_cpu=True)
+    assert not training.paper_training_arguments(tmp_path, use_cpu=True).bf16  # fp32 is not probed
