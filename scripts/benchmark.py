@@ -5,8 +5,9 @@ PyTorch models compute the same function (their logits are compared on one batch
 converts the same saved Marian folder. Repetitions alternate between systems and medians are reported.
 
 Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search
-output tokens/s at a forced output length (min = max length), and peak RSS growth during training (resident set size
-sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory is trimmed first).
+output tokens/s at a forced output length (min = max length), and peak RSS growth over the first two training steps
+(resident set size sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory
+trimmed first). Each system trains one copy of its model through all repetitions, as one training process would.
 
     python scripts/benchmark.py --preset tiny --repeats 2
     python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
@@ -138,29 +139,36 @@ def autocast(dtype: str):
     return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
 
 
-def train_run(model: torch.nn.Module, batch: dict, steps: int, dtype: str) -> tuple[float, float]:
-    """Training tokens/s and peak RSS growth (MiB) over `steps` AdamW steps, after one untimed warm-up step."""
-    trim_memory()
-    model.train()
-    # Fused AdamW: what Seq2SeqTrainer uses by default (MarianMT) and what paper_training_arguments asks for.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+class TrainingRun:
+    """A training copy of a model and its fused AdamW (Seq2SeqTrainer's default optimizer for MarianMT, and what
+    paper_training_arguments asks for), kept across repetitions as in one training process."""
 
-    def step() -> None:
-        with autocast(dtype):
-            loss = model(**batch).loss
+    def __init__(self, model: torch.nn.Module, batch: dict, dtype: str) -> None:
+        self.model = copy.deepcopy(model).train()  # the decoding models stay untouched
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        self.batch, self.dtype = batch, dtype
+        self.tokens_per_step = batch["input_ids"].numel() + batch["labels"].numel()
+
+    def step(self) -> None:
+        with autocast(self.dtype):
+            loss = self.model(**self.batch).loss
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
-    with PeakRSS() as memory:
-        step()
+    def first_steps(self, steps: int = 2) -> float:
+        """Peak RSS growth (MiB) over the first steps: optimizer state, gradients and activations."""
+        trim_memory()
+        with PeakRSS() as memory:
+            for _ in range(steps):
+                self.step()
+        return memory.delta_mib
+
+    def tokens_per_second(self, steps: int) -> float:
         start = time.perf_counter()
         for _ in range(steps):
-            step()
-        seconds = time.perf_counter() - start
-    tokens = steps * (batch["input_ids"].numel() + batch["labels"].numel())
-    model.eval()
-    return tokens / seconds, memory.delta_mib
+            self.step()
+        return steps * self.tokens_per_step / (time.perf_counter() - start)
 
 
 def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, dtype: str, **extra) -> float:
@@ -345,16 +353,18 @@ def main() -> None:
         translator = translator if translator.available else None
     print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
 
-    # Training first (it changes the weights: copies keep the decoding models identical and untouched).
     train_models = {"hf_vaswani": vaswani, "MarianMT": marian}
-    speed: dict[str, list[float]] = {name: [] for name in train_models}
-    memory: dict[str, list[float]] = {name: [] for name in train_models}
+    runs = {name: TrainingRun(model, train_batch, args.dtype) for name, model in train_models.items()}
+    memory = {name: [run.first_steps()] for name, run in runs.items()}  # also the warm-up
+    for name, mib in memory.items():
+        print(f"train  {name:12s} peak RSS growth over the first 2 steps: +{mib[0]:.0f} MiB")
+    speed: dict[str, list[float]] = {name: [] for name in runs}
     for repeat in range(args.repeats):
-        for name, model in train_models.items():
-            tokens_per_second, mib = train_run(copy.deepcopy(model), train_batch, args.train_steps, args.dtype)
-            speed[name].append(tokens_per_second)
-            memory[name].append(mib)
-            print(f"train  repeat {repeat} {name:12s} {tokens_per_second:9.1f} tok/s  peak RSS +{mib:.0f} MiB")
+        for name, run in runs.items():
+            speed[name].append(run.tokens_per_second(args.train_steps))
+            print(f"train  repeat {repeat} {name:12s} {speed[name][-1]:9.1f} tok/s")
+    del runs
+    trim_memory()
 
     decode_models = train_models
     if args.int8:
