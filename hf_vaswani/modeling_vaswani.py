@@ -537,34 +537,35 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
-    memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Labels -100: ignored.
+    memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
+    -100 are left out before the projection.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int) -> torch.Tensor:
         hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+        counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
+        hidden_rows, labels = hidden_rows[counted], labels[counted, None]
         vocab_size, eps = weight.shape[0], label_smoothing
-        grad_hidden = torch.empty_like(hidden_rows)
+        grad_rows = torch.empty_like(hidden_rows)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
         grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
         loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
         total = hidden.new_zeros((), dtype=loss_dtype)
         for start in range(0, labels.shape[0], chunk_size):
             rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
-            ignored = targets == -100
-            targets = targets.masked_fill(ignored, 0)[:, None]
             log_probs = nn.functional.linear(rows, weight, bias).to(loss_dtype).log_softmax(-1)
             # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
-            losses = -(1 - eps) * log_probs.gather(1, targets)[:, 0] - eps / vocab_size * log_probs.sum(-1)
-            total += losses.masked_fill(ignored, 0.0).sum()
+            total -= (1 - eps) * log_probs.gather(1, targets).sum() + eps / vocab_size * log_probs.sum()
             grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
-            grad_logits.scatter_add_(1, targets, torch.full_like(log_probs[:, :1], eps - 1))
-            grad_logits = grad_logits.masked_fill_(ignored[:, None], 0.0).to(rows.dtype)
-            grad_hidden[start : start + chunk_size] = grad_logits @ weight
+            grad_logits = grad_logits.scatter_add_(1, targets, torch.full_like(targets, eps - 1, dtype=loss_dtype))
+            grad_logits = grad_logits.to(rows.dtype)
+            grad_rows[start : start + chunk_size] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.T, rows)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
+        grad_hidden = hidden.new_zeros(hidden.shape).view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
         ctx.hidden_shape = hidden.shape
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
