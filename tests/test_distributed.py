@@ -62,16 +62,19 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path
     run(tiny_run(data_file, tmp_path / "straight", 1, steps, save_every, dropout))
 
     killed = tmp_path / "killed"
+    # The run waits once checkpoint-4 is complete (its callbacks run after the save), so the kill lands there.
     process = subprocess.Popen([sys.executable, *tiny_run(data_file, killed, 1, steps, save_every, dropout)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "HANG_AFTER_SAVE_STEP": "4"})  # fmt: skip
     deadline = time.time() + 300
-    while not (killed / "checkpoint-4" / "trainer_state.json").exists():
+    while not (killed / "saved").exists():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (killed / "state_rank0.pt").exists()  # it really died mid-way
+    assert not (killed / "checkpoint-6").exists()
     run(tiny_run(data_file, killed, 1, steps, save_every, dropout, "resume"))
 
     straight, resumed = torch.load(tmp_path / "straight" / "state_rank0.pt"), torch.load(killed / "state_rank0.pt")

@@ -5,11 +5,13 @@ Writes OUTPUT_DIR/state_rank{R}.pt (each rank's final parameters) and, from rank
 """
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
-from transformers import DataCollatorForSeq2Seq
+from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.data import load_tsv
@@ -47,6 +49,18 @@ trainer = VaswaniTrainer(
     data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
     max_tokens=max_tokens,
 )
+
+
+class WaitAfterSave(TrainerCallback):
+    """With HANG_AFTER_SAVE_STEP=N the run waits once checkpoint N is complete, to be killed there (resume test)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if str(state.global_step) == os.environ.get("HANG_AFTER_SAVE_STEP"):
+            (output / "saved").write_text(str(state.global_step))
+            time.sleep(600)
+
+
+trainer.add_callback(WaitAfterSave())
 trainer.train(resume_from_checkpoint=resume or None)
 torch.save(trainer.model.state_dict(), output / f"state_rank{trainer.args.process_index}.pt")
 if trainer.is_world_process_zero():
