@@ -2,6 +2,8 @@
 
 Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), the position-wise feed-forward network
 (§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1).
+Before them, two building blocks: nn.Linear and nn.Dropout with faster CPU paths (VaswaniLinear, VaswaniDropout);
+after them, the training loss computed without full-vocabulary logits (ProjectedLabelSmoothedLoss).
 
 This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and its own config.
 """
@@ -39,8 +41,8 @@ class VaswaniLinear(nn.Linear):
 
     MKL's sgemm packs the weight into its blocked layout on every call, which dominates when few rows are multiplied,
     as in each decoding step. While `packed_weight` holds a packed copy (set by `packed_decoder_weights` for one
-    `generate` call), CPU inference on at most 256 rows multiplies by it instead: same result, about 1.3x the
-    beam-search speed (scripts/benchmark.py).
+    `generate` call), CPU inference on at most 256 rows multiplies by it instead: the same product up to float
+    rounding, about 1.3x the beam-search speed (README, "Performance").
     """
 
     packed_weight: torch.Tensor | None = None
