@@ -567,17 +567,15 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
                 grad_weight.addmm_(grad_logits.T, rows)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
-        grad_hidden = hidden.new_zeros(hidden.shape).view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
-        ctx.hidden_shape = hidden.shape
+        grad_hidden = hidden.new_zeros(hidden.shape)
+        grad_hidden.view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
     @staticmethod
     def backward(ctx, grad_total: torch.Tensor):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        grad_hidden = (grad_hidden * grad_total).view(ctx.hidden_shape)
-        scaled = [None if grad is None else grad * grad_total for grad in (grad_weight, grad_bias)]
-        return grad_hidden, *scaled, None, None, None
+        scaled = [None if grad is None else grad * grad_total for grad in ctx.saved_tensors]
+        return *scaled, None, None, None
 
 
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin, GenerationMixin):
