@@ -31,12 +31,12 @@ def test_packed_projection_equals_torch_linear(rows: int) -> None:
 
 
 @needs_mkl
-def test_generate_after_an_in_place_weight_update_uses_the_new_weights() -> None:
+def test_generate_after_an_in_place_weight_update_uses_the_new_weights(tiny_config_kwargs: dict) -> None:
     """Fused AdamW updates weights without bumping their version: a packed copy kept across calls would go stale."""
     torch.manual_seed(0)
-    config = VaswaniConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)
+    config = VaswaniConfig(**tiny_config_kwargs)
     model = VaswaniForConditionalGeneration(config).eval()
-    source = torch.randint(4, 40, (2, 6))
+    source = torch.randint(4, config.vocab_size, (2, 6))
     options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     model.generate(input_ids=source, **options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
@@ -98,9 +98,8 @@ def test_int8_model_quantizes_every_projection_and_stays_close(trained_folder) -
     assert tokenizer.batch_decode(outputs, skip_special_tokens=True) == ["RED CAT SUN", "BLUE DOG MOON TREE"]
 
 
-def test_int8_refuses_a_model_that_is_not_on_cpu() -> None:
-    config = VaswaniConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)
-    model = VaswaniForConditionalGeneration(config).to("meta")
+def test_int8_refuses_a_model_that_is_not_on_cpu(tiny_config_kwargs: dict) -> None:
+    model = VaswaniForConditionalGeneration(VaswaniConfig(**tiny_config_kwargs)).to("meta")
     with pytest.raises(ValueError, match="int8 inference runs on CPU"):
         quantize_int8(model)
 
