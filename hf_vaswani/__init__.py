@@ -10,7 +10,12 @@ __version__ = "0.1.0"
 
 
 def save_model_folder(model: VaswaniForConditionalGeneration, tokenizer, folder) -> None:
-    """Save a Hub-ready folder: weights, tokenizer, generation config, remote code and the translation pipeline."""
+    """Save the model and its tokenizer into one folder that loads with the Auto classes, also by remote code.
+
+    The model writes its weights, config, generation config and its code (modeling and the modules it imports, the
+    translation pipeline among them); the tokenizer its files. The model card (README.md), which a Hub upload also
+    needs, is written separately (`hf_vaswani.recipe.write_model_card`).
+    """
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

@@ -69,7 +69,6 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniSinusoidalPositionalEncoding
 
@@ -408,12 +407,10 @@ def convert_folder(kind: str, source_dir: str | os.PathLike, output_dir: str | o
     converted = convert(source).eval()
     _check_logits(source, converted, tokenizer)
 
+    converted.save_pretrained(output_dir)
     try:
-        save_model_folder(converted, tokenizer, output_dir)
-    except Exception as error:
-        # Pipeline.save_pretrained writes the model (and pipeline code) before the tokenizer: only the latter failed.
-        if not (output_dir / "config.json").is_file():
-            raise
+        tokenizer.save_pretrained(output_dir)
+    except Exception as error:  # a tokenizer that cannot write itself: its source files are copied below instead
         logger.warning("saving the tokenizer failed (%s); copying its files from %s instead", error, source_dir)
     if not _tokenizer_matches(tokenizer, output_dir):
         _copy_tokenizer_files(tokenizer, source_dir, output_dir)

@@ -10,7 +10,9 @@ Generation-config keys read here (saved in generation_config.json):
 - `max_new_tokens_over_source`: each sentence stops after (its source length + this many) new tokens, </s> included;
   None turns the cap off. An explicit `max_new_tokens` / `max_length` still applies on top.
 
-This file travels to the Hub with `trust_remote_code`: it imports only torch and transformers.
+The one `generate` override of the model is here; it also multiplies by packed weights while decoding (see
+fast_paths_vaswani.py). This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
+fast_paths_vaswani.
 """
 
 import math
@@ -19,14 +21,14 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.modeling_outputs import BaseModelOutput
 
-
-def gnmt_length_penalty(length: int, alpha: float) -> float:
-    """Wu et al. (2016), Eq. 14, as used in §6.1: lp(Y) = ((5 + |Y|) / 6)^alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
+from .fast_paths_vaswani import packed_decoder_weights
 
 
 def equivalent_power(length: int, alpha: float) -> float:
-    """The exponent p with length^p = lp_GNMT(length): what transformers' `score / length^p` needs to divide by lp."""
+    """The exponent p with length^p = lp_GNMT(length) = ((5 + length) / 6)^alpha (Wu et al. 2016, Eq. 14; §6.1).
+
+    What transformers' `score / length^p` needs so that it divides by GNMT's penalty instead.
+    """
     return alpha if length <= 1 else alpha * math.log((5.0 + length) / 6.0) / math.log(length)
 
 
@@ -65,7 +67,9 @@ class PaperDecodingMixin:
         self._length_penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
         if self._length_penalty_type not in ("gnmt", "power"):
             raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
-        return super().generate(inputs, generation_config, **kwargs)
+        # the decoder's and output projection's weights are multiplied at every step: packed once for this call
+        with packed_decoder_weights([self.get_decoder(), self.get_output_embeddings()]):
+            return super().generate(inputs, generation_config, **kwargs)
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
         # transformers copies the encoder states and source mask num_beams times; the beams of a sentence share them

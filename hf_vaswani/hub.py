@@ -3,16 +3,23 @@
 from pathlib import Path
 
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi
+from transformers.dynamic_module_utils import get_relative_import_files
+
+from . import modeling_vaswani
 
 # Weights as safetensors, configs, tokenizer, the remote code (model, config, generation, pipeline) and the card.
 PUBLISHED_PATTERNS = ("*.safetensors", "*.json", "*.py", "README.md", "*.model", "*.spm", "*.txt")
-REQUIRED_FILES = (
-    "config.json",
-    "generation_config.json",
-    "README.md",
-    "modeling_vaswani.py",
-    "configuration_vaswani.py",
-)
+
+
+def required_files() -> list[str]:
+    """The files every complete model folder holds: configs, card and the remote code.
+
+    The remote code is the modeling file and every file it imports relatively, found the way transformers finds them
+    when it loads a folder with `trust_remote_code`, so a new sibling module cannot be forgotten here.
+    """
+    modeling = modeling_vaswani.__file__
+    code = sorted(Path(path).name for path in [modeling, *get_relative_import_files(modeling)])
+    return ["config.json", "generation_config.json", "README.md", *code]
 
 
 def upload_plan(folder: str | Path) -> list[Path]:
@@ -25,7 +32,7 @@ def upload_plan(folder: str | Path) -> list[Path]:
         raise ValueError(
             f"{folder} holds pickled weights {pickles}: publish safetensors only (save_pretrained writes them)"
         )
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    missing = [name for name in required_files() if not (folder / name).is_file()]
     if not any(folder.glob("*.safetensors")):
         missing.append("model.safetensors")
     if missing:

@@ -1,16 +1,17 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3, as a transformers model.
 
 Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), the position-wise feed-forward network
-(§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1).
-Before them, two building blocks: nn.Linear and nn.Dropout with faster CPU paths (VaswaniLinear, VaswaniDropout);
-after them, the training loss computed without full-vocabulary logits (ProjectedLabelSmoothedLoss).
+(§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1),
+the encoder-decoder and the whole model of Figure 1 with its pre-softmax projection (§3.4).
 
-This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and its own config.
+Speed lives in fast_paths_vaswani.py (faster nn.Linear and nn.Dropout on CPU, beams sharing the encoder states), the
+training loss in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py. This file travels to the Hub
+with `trust_remote_code`: it imports only torch, transformers and those sibling modules.
 """
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -32,67 +33,13 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
+from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source
 from .generation_vaswani import PaperDecodingMixin, paper_generation_config
+from .loss_vaswani import label_smoothed_loss
 from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
 
 
-class VaswaniLinear(nn.Linear):
-    """The learned projections (W^Q, W^K, W^V, W^O, W_1, W_2, pre-softmax): nn.Linear, faster in CPU decoding.
-
-    MKL's sgemm packs the weight into its blocked layout on every call, which dominates when few rows are multiplied,
-    as in each decoding step. While `packed_weight` holds a packed copy (set by `packed_decoder_weights` for one
-    `generate` call), CPU inference on at most 256 rows multiplies by it instead: the same product up to float
-    rounding, about 1.3x the beam-search speed (README, "Performance").
-    """
-
-    packed_weight: torch.Tensor | None = None
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        rows = input.numel() // self.in_features
-        if self.packed_weight is None or rows > 256 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
-            return super().forward(input)
-        flat = input.reshape(rows, self.in_features)
-        output = torch.ops.mkl._mkl_linear(flat, self.packed_weight, self.weight, self.bias, rows)
-        return output.view(*input.shape[:-1], self.out_features)
-
-
-class VaswaniDropout(nn.Dropout):
-    """§5.4 residual dropout: nn.Dropout, whose CPU mask comes from 16-bit slices of 64-bit random words.
-
-    torch's CPU bernoulli_ draws one random number per element, which made dropout about 8% of a training step; four
-    elements per draw halve its cost and the mask saved for backward is one byte per element. The drop probability is
-    rounded to a multiple of 2^-16 (0.1 becomes 0.100006), and kept values are scaled by exactly 1 / (1 - that).
-    """
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0 or input.device.type != "cpu" or self.inplace:
-            return super().forward(input)
-        dropped = round(self.p * 2**16)  # of the 2^16 values an int16 takes, those below -2^15 + dropped drop
-        words = torch.randint(-(2**63), 2**63 - 1, ((input.numel() + 3) // 4,), dtype=torch.int64)
-        keep = words.view(torch.int16)[: input.numel()].view(input.shape) >= dropped - 2**15
-        return input * keep * (2**16 / (2**16 - dropped))
-
-
-@contextmanager
-def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
-    """MKL-packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block.
-
-    Scoped to one generation: the weights cannot change meanwhile (an in-place update such as fused AdamW's does not
-    even bump a tensor's version counter, so a copy kept longer could silently go stale).
-    """
-    linears = [module for layer in layers for module in layer.modules() if isinstance(module, VaswaniLinear)]
-    eligible = torch.backends.mkl.is_available() and not torch.compiler.is_compiling()
-    for linear in linears:
-        if eligible and linear.weight.device.type == "cpu" and linear.weight.dtype == torch.float32:
-            linear.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), 32)
-    try:
-        yield
-    finally:
-        for linear in linears:
-            linear.packed_weight = None
-
-
-def scaled_dot_product_attention(
+def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -165,18 +112,11 @@ class VaswaniMultiHeadAttention(nn.Module):
                 if is_cross_attention:
                     past_key_values.is_updated[self.layer_idx] = True
 
-        # The beams (or returned sequences) of a sentence share its encoder states, kept once per sentence during
-        # generation: their queries are stacked along the length axis and attend to that one copy together.
-        group = batch_size // key.shape[0]
-        if group * key.shape[0] != batch_size:
-            raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
-        if group > 1:
-            query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
-            if attention_mask is not None:
-                attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, scaled_dot_product_attention
+            self.config._attn_implementation, eager_attention_forward
         )
+        if key.shape[0] != batch_size:  # the beams of each sentence share its encoder states while generating
+            attention = partial(attend_with_shared_source, attention)
         output, weights = attention(
             self,
             query,
@@ -187,9 +127,6 @@ class VaswaniMultiHeadAttention(nn.Module):
             dropout=self.config.attention_dropout if self.training else 0.0,
             **kwargs,
         )
-        if group > 1 and weights is not None:
-            weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
-        # (batch / group, group * length, heads, d_v) holds the same memory order as (batch, length, heads * d_v)
         return self.out_proj(output.reshape(batch_size, length, -1)), weights
 
 
@@ -534,50 +471,6 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
-class ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    """§5.4 label-smoothed cross-entropy of the output projection (§3.4), summed over the target tokens.
-
-    Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
-    and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
-    memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
-    -100 are left out before the projection.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int) -> torch.Tensor:
-        hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
-        counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
-        hidden_rows, labels = hidden_rows[counted], labels[counted, None]
-        vocab_size, eps = weight.shape[0], label_smoothing
-        grad_rows = torch.empty_like(hidden_rows)
-        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
-        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
-        loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
-        total = hidden.new_zeros((), dtype=loss_dtype)
-        for start in range(0, labels.shape[0], chunk_size):
-            rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
-            log_probs = nn.functional.linear(rows, weight, bias).to(loss_dtype).log_softmax(-1)
-            # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
-            total -= (1 - eps) * log_probs.gather(1, targets).sum() + eps / vocab_size * log_probs.sum()
-            grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
-            grad_logits = grad_logits.scatter_add_(1, targets, torch.full_like(targets, eps - 1, dtype=loss_dtype))
-            grad_logits = grad_logits.to(rows.dtype)
-            grad_rows[start : start + chunk_size] = grad_logits @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.T, rows)
-            if grad_bias is not None:
-                grad_bias += grad_logits.sum(0)
-        grad_hidden = hidden.new_zeros(hidden.shape)
-        grad_hidden.view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_total: torch.Tensor):
-        scaled = [None if grad is None else grad * grad_total for grad in ctx.saved_tensors]
-        return *scaled, None, None, None
-
-
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin, GenerationMixin):
     """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
 
@@ -603,11 +496,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         # pipeline("translation", model=folder_or_repo, trust_remote_code=True) works.
         self.config.custom_pipelines = TRANSLATION_PIPELINE
         super().save_pretrained(save_directory, *args, **kwargs)
-
-    def generate(self, *args, **kwargs):
-        # the decoder's and output projection's weights are multiplied at every step: packed once for this call
-        with packed_decoder_weights([self.model.decoder, self.lm_head]):
-            return super().generate(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -651,12 +539,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             **kwargs,
         )
         logits = loss = None
-        if labels is not None and torch.is_grad_enabled():  # training: the loss without full-vocabulary logits
-            loss = self.label_smoothed_loss(outputs.last_hidden_state, labels, num_items_in_batch)
-        else:
+        if labels is None or not torch.is_grad_enabled():
             logits = self.lm_head(outputs.last_hidden_state)
-            if labels is not None:
-                loss = self.label_smoothed_loss(outputs.last_hidden_state, labels, num_items_in_batch, logits)
+        if labels is not None:  # §5.4; in training without full-vocabulary logits (loss_vaswani.py)
+            loss = label_smoothed_loss(
+                outputs.last_hidden_state,
+                self.lm_head,
+                labels,
+                self.config.label_smoothing,
+                self.config.pad_token_id,
+                num_items_in_batch,
+                logits,
+            )
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -668,35 +562,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
-
-    def label_smoothed_loss(
-        self,
-        hidden_states: torch.Tensor,
-        labels: torch.Tensor,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        logits: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """§5.4 label smoothing: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over target tokens.
-
-        From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states.
-        """
-        labels = labels.masked_fill(labels == self.config.pad_token_id, -100).to(hidden_states.device)
-        if logits is None:
-            weight, bias = self.lm_head.weight, self.lm_head.bias
-            chunk_size = max(1, 2**22 // weight.shape[0])  # about 16 MiB of float32 logits per chunk
-            total = ProjectedLabelSmoothedLoss.apply(
-                hidden_states, weight, bias, labels, self.config.label_smoothing, chunk_size
-            )
-        else:
-            total = nn.functional.cross_entropy(
-                logits.flatten(0, 1).float(),
-                labels.flatten(),
-                ignore_index=-100,
-                reduction="sum",
-                label_smoothing=self.config.label_smoothing,
-            )
-        denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
-        return total / denominator
 
 
 __all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]

@@ -16,8 +16,10 @@ PUBLISHED = {
     "README.md",
     "config.json",
     "configuration_vaswani.py",
+    "fast_paths_vaswani.py",
     "generation_config.json",
     "generation_vaswani.py",
+    "loss_vaswani.py",
     "model.safetensors",
     "modeling_vaswani.py",
     "pipeline_vaswani.py",
@@ -90,6 +92,19 @@ def test_pickled_weights_or_incomplete_folders_are_refused(publishable) -> None:
     (publishable / "README.md").unlink()
     with pytest.raises(ValueError, match="README.md"):
         upload_plan(publishable)
+
+
+def test_every_code_file_that_save_pretrained_writes_is_required(publishable) -> None:
+    # save_pretrained copies the modeling file and what it imports: without any one of them, trust_remote_code fails
+    code = sorted(path for path in publishable.glob("*.py"))
+    assert len(code) >= 2
+    for path in code:
+        kept = path.read_bytes()
+        path.unlink()
+        with pytest.raises(ValueError, match=path.name):
+            upload_plan(publishable)
+        path.write_bytes(kept)
+    upload_plan(publishable)
 
 
 def test_model_card_metadata_holds_the_measured_scores(publishable) -> None:

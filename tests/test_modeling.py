@@ -8,7 +8,8 @@ from torch import nn
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
-from hf_vaswani.modeling_vaswani import ProjectedLabelSmoothedLoss, VaswaniSinusoidalPositionalEncoding
+from hf_vaswani.loss_vaswani import ProjectedLabelSmoothedLoss
+from hf_vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
 
 
 def make_model(attn_implementation: str = "sdpa", seed: int = 0, **kwargs) -> VaswaniForConditionalGeneration:

@@ -1,0 +1,101 @@
+"""Faster paths for the model of modeling_vaswani.py: same functions, less time. Nothing here changes what is computed.
+
+- `VaswaniLinear`, `packed_decoder_weights`: nn.Linear multiplying by MKL-packed weights while decoding on a CPU.
+- `VaswaniDropout`: nn.Dropout with a cheaper CPU mask.
+- `attend_with_shared_source`: the beams of a sentence attend to one copy of its encoder states.
+
+This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+
+class VaswaniLinear(nn.Linear):
+    """nn.Linear that multiplies few rows by a pre-packed weight in CPU inference.
+
+    MKL's sgemm packs the weight into its blocked layout on every call, which dominates when few rows are multiplied,
+    as in each decoding step. While `packed_weight` holds a packed copy (set by `packed_decoder_weights` for one
+    `generate` call), CPU inference on at most 256 rows multiplies by it instead: the same product up to float
+    rounding (README, "Performance").
+    """
+
+    packed_weight: torch.Tensor | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // self.in_features
+        if self.packed_weight is None or rows > 256 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+            return super().forward(input)
+        flat = input.reshape(rows, self.in_features)
+        output = torch.ops.mkl._mkl_linear(flat, self.packed_weight, self.weight, self.bias, rows)
+        return output.view(*input.shape[:-1], self.out_features)
+
+
+@contextmanager
+def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
+    """MKL-packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block.
+
+    Scoped to one generation: the weights cannot change meanwhile (an in-place update such as fused AdamW's does not
+    even bump a tensor's version counter, so a copy kept longer could silently go stale).
+    """
+    linears = [module for layer in layers for module in layer.modules() if isinstance(module, VaswaniLinear)]
+    eligible = torch.backends.mkl.is_available() and not torch.compiler.is_compiling()
+    for linear in linears:
+        if eligible and linear.weight.device.type == "cpu" and linear.weight.dtype == torch.float32:
+            linear.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), 32)
+    try:
+        yield
+    finally:
+        for linear in linears:
+            linear.packed_weight = None
+
+
+class VaswaniDropout(nn.Dropout):
+    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random words.
+
+    torch's CPU bernoulli_ draws one random number per element, which made dropout about 8% of a training step; four
+    elements per draw halve its cost and the mask saved for backward is one byte per element. The drop probability is
+    rounded to a multiple of 2^-16 (0.1 becomes 0.100006), and kept values are scaled by exactly 1 / (1 - that).
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0 or input.device.type != "cpu" or self.inplace:
+            return super().forward(input)
+        dropped = round(self.p * 2**16)  # of the 2^16 values an int16 takes, those below -2^15 + dropped drop
+        words = torch.randint(-(2**63), 2**63 - 1, ((input.numel() + 3) // 4,), dtype=torch.int64)
+        keep = words.view(torch.int16)[: input.numel()].view(input.shape) >= dropped - 2**15
+        return input * keep * (2**16 / (2**16 - dropped))
+
+
+def attend_with_shared_source(
+    attention: Callable,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Encoder-decoder attention of `group` decoder rows per sentence to one copy of each sentence's keys and values.
+
+    During generation the beams (or returned sequences) of a sentence share its encoder states instead of holding
+    `group` copies (generation_vaswani's `_expand_inputs_for_generation`): their queries are stacked along the length
+    axis and attend to that one copy together, which is the same attention. `attention` is any of transformers'
+    attention functions; returns its output as (batch, length, heads, d_v) and its weights as (batch, heads, length,
+    source length), as if the keys and values had been copied.
+    """
+    batch_size, _, length, _ = query.shape
+    group = batch_size // key.shape[0]
+    if group * key.shape[0] != batch_size:
+        raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
+    query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
+    output, weights = attention(module, query, key, value, attention_mask, **kwargs)
+    if weights is not None:
+        weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
+    # (batch / group, group * length, heads, d_v) holds the same memory order as (batch, length, heads, d_v)
+    return output.reshape(batch_size, length, *output.shape[2:]), weights

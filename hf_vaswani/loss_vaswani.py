@@ -1,0 +1,83 @@
+"""§5.4 label-smoothed cross-entropy of the pre-softmax projection, with a training path that never holds all logits.
+
+This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
+"""
+
+import torch
+from torch import nn
+
+
+class ProjectedLabelSmoothedLoss(torch.autograd.Function):
+    """Label-smoothed cross-entropy of `linear(hidden, weight, bias)`, summed over the target tokens.
+
+    Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
+    and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
+    memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
+    -100 are left out before the projection.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int) -> torch.Tensor:
+        hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+        counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
+        hidden_rows, labels = hidden_rows[counted], labels[counted, None]
+        vocab_size, eps = weight.shape[0], label_smoothing
+        grad_rows = torch.empty_like(hidden_rows)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
+        total = hidden.new_zeros((), dtype=loss_dtype)
+        for start in range(0, labels.shape[0], chunk_size):
+            rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
+            log_probs = nn.functional.linear(rows, weight, bias).to(loss_dtype).log_softmax(-1)
+            # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
+            total -= (1 - eps) * log_probs.gather(1, targets).sum() + eps / vocab_size * log_probs.sum()
+            grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
+            grad_logits = grad_logits.scatter_add_(1, targets, torch.full_like(targets, eps - 1, dtype=loss_dtype))
+            grad_logits = grad_logits.to(rows.dtype)
+            grad_rows[start : start + chunk_size] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, rows)
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0)
+        grad_hidden = hidden.new_zeros(hidden.shape)
+        grad_hidden.view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        scaled = [None if grad is None else grad * grad_total for grad in ctx.saved_tensors]
+        return *scaled, None, None, None
+
+
+def label_smoothed_loss(
+    hidden_states: torch.Tensor,
+    output_projection: nn.Linear,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    pad_token_id: int | None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """§5.4: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over the target tokens.
+
+    -100 and `pad_token_id` labels are not counted. The sum is divided by `num_items_in_batch` when given (Trainer's
+    count over an accumulated batch, so that gradient accumulation equals one large batch), else by this batch's
+    count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states.
+    """
+    labels = labels.masked_fill(labels == pad_token_id, -100).to(hidden_states.device)
+    if logits is None:
+        weight, bias = output_projection.weight, output_projection.bias
+        chunk_size = max(1, 2**22 // weight.shape[0])  # about 16 MiB of float32 logits per chunk
+        total = ProjectedLabelSmoothedLoss.apply(hidden_states, weight, bias, labels, label_smoothing, chunk_size)
+    else:
+        total = nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.flatten(),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=label_smoothing,
+        )
+    denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    return total / denominator
