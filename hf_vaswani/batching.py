@@ -14,12 +14,12 @@ from __future__ import annotations
 import heapq
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["TokenBatchSampler", "padding_fraction", "random_batches"]
+__all__ = ["TokenBatchSampler"]
 
 
 def _as_lengths(lengths: Sequence[int], name: str) -> np.ndarray:
@@ -195,39 +195,3 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             heapq.heappush(heap, (-half, (position, (*path, 0)), batch[:half]))
             heapq.heappush(heap, (half - len(batch), (position, (*path, 1)), batch[half:]))
         return [batch for _, _, batch in sorted(heap, key=lambda entry: entry[1])]
-
-
-def padding_fraction(
-    batches: Iterable[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
-) -> float:
-    """Fraction of the padded token slots that hold padding, over source and target tensors together.
-
-    A batch of ``b`` examples occupies ``b * max(source lengths)`` source slots and ``b * max(target lengths)``
-    target slots; the real tokens are the sums of the lengths.
-    """
-    source = _as_lengths(source_lengths, "source_lengths")
-    target = _as_lengths(target_lengths, "target_lengths")
-    slots = 0
-    tokens = 0
-    for batch in batches:
-        index = np.asarray(batch, dtype=np.int64)
-        if index.size == 0:
-            continue
-        batch_source = source[index]
-        batch_target = target[index]
-        slots += index.size * (int(batch_source.max()) + int(batch_target.max()))
-        tokens += int(batch_source.sum()) + int(batch_target.sum())
-    if slots == 0:
-        raise ValueError("padding_fraction needs at least one batch with a non-empty sequence")
-    return 1.0 - tokens / slots
-
-
-def random_batches(num_examples: int, num_batches: int, seed: int = 0) -> list[list[int]]:
-    """A random partition of ``range(num_examples)`` into ``num_batches`` batches of near-equal size.
-
-    The length-blind baseline against which :class:`TokenBatchSampler`'s padding is measured.
-    """
-    if not 1 <= num_batches <= num_examples:
-        raise ValueError(f"num_batches must be in [1, num_examples={num_examples}], got {num_batches}")
-    permutation = np.random.default_rng(seed).permutation(num_examples)
-    return [chunk.tolist() for chunk in np.array_split(permutation, num_batches)]

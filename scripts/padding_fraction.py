@@ -3,21 +3,60 @@
 Both batchings use the same number of batches, hence the same mean number of examples per batch, so the difference
 is what grouping by length saves. Examples:
 
-    python scripts/padding_fraction.py                       # the package's synthetic corpus, whitespace tokens
+    python scripts/padding_fraction.py                       # the embedded demo corpus, whitespace tokens
     python scripts/padding_fraction.py train.en train.de --tokenizer tokenizer/ --max-tokens 3125
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from hf_vaswani.batching import TokenBatchSampler, padding_fraction, random_batches
+import numpy as np
+
+from hf_vaswani.batching import TokenBatchSampler
+
+
+def padding_fraction(
+    batches: Iterable[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
+) -> float:
+    """Fraction of the padded token slots that hold padding, over source and target tensors together.
+
+    A batch of ``b`` examples occupies ``b * max(source lengths)`` source slots and ``b * max(target lengths)``
+    target slots; the real tokens are the sums of the lengths.
+    """
+    source = np.asarray(source_lengths, dtype=np.int64)
+    target = np.asarray(target_lengths, dtype=np.int64)
+    slots = 0
+    tokens = 0
+    for batch in batches:
+        index = np.asarray(batch, dtype=np.int64)
+        if index.size == 0:
+            continue
+        batch_source = source[index]
+        batch_target = target[index]
+        slots += index.size * (int(batch_source.max()) + int(batch_target.max()))
+        tokens += int(batch_source.sum()) + int(batch_target.sum())
+    if slots == 0:
+        raise ValueError("padding_fraction needs at least one batch with a non-empty sequence")
+    return 1.0 - tokens / slots
+
+
+def random_batches(num_examples: int, num_batches: int, seed: int = 0) -> list[list[int]]:
+    """A random partition of ``range(num_examples)`` into ``num_batches`` batches of near-equal size.
+
+    The length-blind baseline against which :class:`TokenBatchSampler`'s padding is measured.
+    """
+    if not 1 <= num_batches <= num_examples:
+        raise ValueError(f"num_batches must be in [1, num_examples={num_examples}], got {num_batches}")
+    permutation = np.random.default_rng(seed).permutation(num_examples)
+    return [chunk.tolist() for chunk in np.array_split(permutation, num_batches)]
 
 
 def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if args.source_file is None:
-        from hf_vaswani.data import make_synthetic_corpus
+        from hf_vaswani.demo_corpus import make_synthetic_corpus
 
         split = make_synthetic_corpus()[args.split]
         return list(split["source"]), list(split["target"])
@@ -42,10 +81,10 @@ def token_lengths(sources: list[str], targets: list[str], tokenizer_dir: str | N
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source_file", nargs="?", help="one source sentence per line (default: synthetic corpus)")
+    parser.add_argument("source_file", nargs="?", help="one source sentence per line (default: the demo corpus)")
     parser.add_argument("target_file", nargs="?", help="the aligned target sentences")
     parser.add_argument("--tokenizer", metavar="DIR", help="count tokens with this tokenizer instead of whitespace")
-    parser.add_argument("--split", default="train", help="split of the synthetic corpus (default: train)")
+    parser.add_argument("--split", default="train", help="split of the demo corpus (default: train)")
     parser.add_argument(
         "--max-tokens",
         type=int,

@@ -1,4 +1,7 @@
+import importlib.util
 import warnings
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -6,7 +9,20 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from hf_vaswani.batching import TokenBatchSampler, padding_fraction, random_batches
+from hf_vaswani.batching import TokenBatchSampler
+
+
+def load_script(path: Path) -> ModuleType:
+    # The scripts folder is not a package, so the script is loaded from its file.
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+padding_script = load_script(Path(__file__).resolve().parent.parent / "scripts" / "padding_fraction.py")
+padding_fraction = padding_script.padding_fraction
+random_batches = padding_script.random_batches
 
 
 def lognormal_lengths(num_examples: int, seed: int = 0) -> tuple[list[int], list[int]]:
