@@ -4,9 +4,12 @@ import argparse
 import contextlib
 import json
 import sys
+import types
+import typing
+from dataclasses import fields, replace
 from pathlib import Path
 
-from .recipe import DEMO_SETTINGS, PRESETS, RecipeSettings, run_recipe
+from .recipe import DEMO_SETTINGS, RecipeSettings, run_recipe, setting_flag
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -20,13 +23,47 @@ def parse_override(text: str) -> tuple[str, object]:
         return key, value
 
 
+class MergeKeyValue(argparse.Action):
+    """Repeated KEY=VALUE options (parsed by `parse_override`) into one dict; a later KEY wins."""
+
+    def __call__(self, parser, namespace, pair: tuple[str, object], option_string: str | None = None) -> None:
+        key, value = pair
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), key: value})  # the default stays untouched
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per RecipeSettings field: its flag, type and default, its metadata as argparse keywords."""
+    group = parser.add_argument_group("recipe settings")
+    defaults = RecipeSettings()
+    for setting in fields(RecipeSettings):
+        options = {key: value for key, value in setting.metadata.items() if key != "flag"}
+        kind = setting.type
+        if isinstance(kind, types.UnionType):  # `X | None`: the option takes an X
+            (kind,) = (member for member in typing.get_args(kind) if member is not type(None))
+        kind = typing.get_origin(kind) or kind  # dict[str, Any] -> dict
+        if kind is bool:
+            options["action"] = "store_true"
+        elif kind is dict:
+            options.update(type=parse_override, action=MergeKeyValue)
+        else:
+            options["type"] = kind
+        group.add_argument(
+            setting_flag(setting.name), dest=setting.name, default=getattr(defaults, setting.name), **options
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
+    """The RecipeSettings of parsed `vaswani train` options; refuses bad settings (ValueError) before any work."""
+    return RecipeSettings(**{setting.name: getattr(args, setting.name) for setting in fields(RecipeSettings)})
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument(
         "--data",
         choices=["synthetic", "files", "hub"],
         default="synthetic",
-        help="the embedded corpus, local files, or a Hub translation dataset",
+        help="the embedded corpus (seeded by --seed), local files, or a Hub translation dataset",
     )
     data.add_argument("--train", nargs="+", metavar="PATH", help="SRC TGT plain-text files, or one .tsv/.jsonl file")
     data.add_argument("--validation", nargs="+", metavar="PATH")
@@ -35,17 +72,18 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--hub-config", help="e.g. de-en (with --data hub)")
     data.add_argument("--source-lang", default="en")
     data.add_argument("--target-lang", default="de")
-    data.add_argument("--seed", type=int, default=0)
 
 
 def load_data(args: argparse.Namespace):
     from .data import load_corpus
 
     if args.data == "synthetic":
-        return load_corpus("synthetic", seed=args.seed)
+        from .demo_corpus import make_synthetic_corpus
+
+        return make_synthetic_corpus(seed=args.seed)
     if args.data == "hub":
         if not args.hub_name:
-            raise SystemExit("--data hub needs --hub-name")
+            raise ValueError("--data hub needs --hub-name")
         return load_corpus(
             "hub",
             name=args.hub_name,
@@ -54,7 +92,7 @@ def load_data(args: argparse.Namespace):
             target_lang=args.target_lang,
         )
     if not args.train or not args.test:
-        raise SystemExit("--data files needs --train and --test")
+        raise ValueError("--data files needs --train and --test")
     splits = {
         name: paths[0] if len(paths) == 1 else tuple(paths)
         for name in ("train", "validation", "test")
@@ -64,31 +102,17 @@ def load_data(args: argparse.Namespace):
 
 
 def command_demo(args: argparse.Namespace) -> None:
-    from .data import make_synthetic_corpus
+    from .demo_corpus import make_synthetic_corpus
 
+    settings = replace(DEMO_SETTINGS, seed=args.seed)
     results = run_recipe(
-        make_synthetic_corpus(seed=args.seed), args.output_dir, DEMO_SETTINGS, dataset_name="hf_vaswani-synthetic-en-de"
+        make_synthetic_corpus(seed=args.seed), args.output_dir, settings, dataset_name="hf_vaswani-synthetic-en-de"
     )
     print_summary(results, Path(args.output_dir))
 
 
 def command_train(args: argparse.Namespace) -> None:
-    settings = RecipeSettings(
-        preset=args.preset,
-        model_overrides=dict(args.model_override),
-        vocab_size=args.vocab_size,
-        max_tokens=args.max_tokens,
-        update_freq=args.update_freq,
-        warmup_steps=args.warmup_steps,
-        max_steps=args.max_steps,
-        label_smoothing=args.label_smoothing,
-        average_last=args.average_last,
-        save_steps=args.save_steps,
-        logging_steps=args.logging_steps,
-        seed=args.seed,
-        bf16=args.bf16,
-        fp16=args.fp16,
-    )
+    settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
     corpus = load_data(args)
     name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
     results = run_recipe(
@@ -187,36 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="the main job: corpus, tokenizer, training, averaging, BLEU, model folder")
     demo.add_argument("--output-dir", required=True, type=Path)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the corpus, initial weights, data order and dropout")
     demo.set_defaults(handler=command_demo)
 
-    train = commands.add_parser("train", help="the paper's recipe on a corpus of your choice")
-    train.add_argument("--output-dir", required=True, type=Path)
-    train.add_argument("--preset", choices=sorted(PRESETS), default="base")
-    train.add_argument(
-        "--model-override",
-        type=parse_override,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change a config field of the preset, e.g. d_model=256 (repeatable)",
+    train = commands.add_parser(
+        "train",
+        help="the paper's recipe on a corpus of your choice",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    defaults = RecipeSettings()
-    for name, kind in (
-        ("vocab_size", int),
-        ("max_tokens", int),
-        ("update_freq", int),
-        ("warmup_steps", int),
-        ("max_steps", int),
-        ("label_smoothing", float),
-        ("average_last", int),
-        ("save_steps", int),
-        ("logging_steps", int),
-    ):
-        train.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
-    train.add_argument("--bf16", action="store_true", help="bf16 mixed precision (GPU)")
-    train.add_argument("--fp16", action="store_true", help="fp16 mixed precision with loss scaling (GPU)")
+    train.add_argument("--output-dir", required=True, type=Path)
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUTPUT_DIR")
+    add_settings_arguments(train)
     add_data_arguments(train)
     train.set_defaults(handler=command_train)
 

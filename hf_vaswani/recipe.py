@@ -1,18 +1,21 @@
 """From a parallel corpus to a trained, averaged, scored and Hub-ready model folder with the paper's recipe."""
 
+import difflib
+import inspect
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from datasets import DatasetDict
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerBase, set_seed
+from huggingface_hub.errors import StrictDataclassError
+from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerBase, set_seed
 
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import paper_generation_config
 from .inference import translate_and_score
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
@@ -20,33 +23,66 @@ from .tokenization import train_shared_bpe_from_dataset
 from .training import CheckpointAveragingCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
+# VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
+TOKENIZER_FIELDS = {
+    "vocab_size": "vocab_size",
+    "source_vocab_size": "vocab_size",  # the recipe trains one shared vocabulary
+    "pad_token_id": None,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "decoder_start_token_id": None,
+}
+# What a model override may set: VaswaniConfig's own fields (not transformers' generic ones) but the tokenizer's.
+OVERRIDABLE_FIELDS = tuple(name for name in inspect.get_annotations(VaswaniConfig) if name not in TOKENIZER_FIELDS)
 
 
 @dataclass
 class RecipeSettings:
-    """The knobs of §5 and §6.1; defaults are the paper's base model on WMT14 En-De."""
+    """The knobs of §5 and §6.1; defaults are the paper's base model on WMT14 En-De.
 
-    preset: str = "base"
-    model_overrides: dict = field(default_factory=dict)
-    vocab_size: int = 37000
-    max_tokens: int = 25000
-    update_freq: int = 1
-    warmup_steps: int = 4000
-    max_steps: int = 100000
-    label_smoothing: float = 0.1
-    average_last: int = 5
-    save_steps: int = 1000
-    logging_steps: int = 100
-    num_beams: int = 4
-    length_penalty: float = 0.6
-    eval_batch_size: int = 64
-    seed: int = 0
-    bf16: bool = False
-    fp16: bool = False
+    Each field is one `vaswani train` option, generated from it: `--` and the name with dashes (or the metadata's
+    "flag"), the field's type and default, and the rest of its metadata as argparse keywords (help, choices, metavar).
+    Invalid values and combinations that could not finish are refused here, before any work starts.
+    """
+
+    preset: str = field(default="base", metadata={"help": "Table 3's model", "choices": sorted(PRESETS)})
+    model_overrides: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "flag": "--model-override",
+            "metavar": "KEY=VALUE",
+            "help": "set a VaswaniConfig field of the preset, e.g. d_model=256 or label_smoothing=0.2; VALUE is read "
+            "as JSON when it parses (repeatable; a later KEY wins)",
+        },
+    )
+    vocab_size: int = field(default=37000, metadata={"help": "size of the shared BPE vocabulary trained (§5.1)"})
+    max_tokens: int = field(
+        default=25000, metadata={"help": "tokens of one process's batch on each side, padding included (§5.1)"}
+    )
+    update_freq: int = field(default=1, metadata={"help": "batches accumulated into one optimizer step"})
+    warmup_steps: int = field(default=4000, metadata={"help": "warmup steps of the learning rate, Eq. 3 (§5.3)"})
+    max_steps: int = field(default=100000, metadata={"help": "optimizer steps to train"})
+    average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
+    save_steps: int = field(default=1000, metadata={"help": "optimizer steps between checkpoints"})
+    logging_steps: int = field(
+        default=100, metadata={"help": "optimizer steps between logged training losses; at most --max-steps"}
+    )
+    num_beams: int | None = field(
+        default=None, metadata={"help": "beam size in generation_config.json; None means the paper's (4, §6.1)"}
+    )
+    length_penalty: float | None = field(
+        default=None, metadata={"help": "GNMT alpha in generation_config.json; None means the paper's (0.6, §6.1)"}
+    )
+    eval_batch_size: int = field(default=64, metadata={"help": "sentences per batch when translating the test split"})
+    seed: int = field(
+        default=0, metadata={"help": "seed of the initial weights, data order and dropout (and the embedded corpus)"}
+    )
+    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision"})
+    fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+            raise ValueError(f"{setting_flag('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}")
         for name in (
             "vocab_size",
             "max_tokens",
@@ -59,13 +95,50 @@ class RecipeSettings:
             "num_beams",
             "eval_batch_size",
         ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{setting_flag(name)} must be positive, got {value}")
+        if self.bf16 and self.fp16:
+            raise ValueError(f"{setting_flag('bf16')} and {setting_flag('fp16')} exclude each other")
+        if self.logging_steps > self.max_steps:
+            raise ValueError(
+                f"{setting_flag('logging_steps')} ({self.logging_steps}) is larger than {setting_flag('max_steps')} "
+                f"({self.max_steps}): no training loss would be logged for the training curves"
+            )
         if self.max_steps // self.save_steps < self.average_last:
             raise ValueError(
-                f"averaging the last {self.average_last} checkpoints needs max_steps ({self.max_steps}) >= "
-                f"average_last * save_steps ({self.average_last * self.save_steps})"
+                f"averaging the last {self.average_last} checkpoints ({setting_flag('average_last')}) needs "
+                f"{setting_flag('max_steps')} ({self.max_steps}) >= {setting_flag('average_last')} * "
+                f"{setting_flag('save_steps')} ({self.average_last * self.save_steps})"
             )
+        for key in self.model_overrides:
+            if key in TOKENIZER_FIELDS:
+                setting = TOKENIZER_FIELDS[key]
+                instead = f"set it with {setting_flag(setting)}" if setting else "it cannot be overridden"
+                raise ValueError(
+                    f"{setting_flag('model_overrides')} {key}: the recipe takes it from the tokenizer it trains; "
+                    + instead
+                )
+            if key not in OVERRIDABLE_FIELDS:
+                close = difflib.get_close_matches(key, OVERRIDABLE_FIELDS, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(OVERRIDABLE_FIELDS)}"
+                raise ValueError(f"{setting_flag('model_overrides')} {key}: VaswaniConfig has no such field ({hint})")
+        model_config(self)  # the preset with the overrides, its vocabulary a placeholder: refuses bad values now
+
+
+def setting_flag(name: str) -> str:
+    """The `vaswani train` option of the RecipeSettings field `name`."""
+    metadata = next(setting.metadata for setting in fields(RecipeSettings) if setting.name == name)
+    return metadata.get("flag", "--" + name.replace("_", "-"))
+
+
+def model_config(settings: RecipeSettings, **tokenizer_fields: int) -> VaswaniConfig:
+    """The preset with the settings' overrides and the tokenizer's fields; a config error as one ValueError line."""
+    try:
+        return PRESETS[settings.preset](**tokenizer_fields, **settings.model_overrides)
+    except (ValueError, StrictDataclassError) as error:  # strict's type errors are no ValueErrors
+        message = " ".join(str(error).split())
+        raise ValueError(f"VaswaniConfig refuses the settings: {message}") from error
 
 
 # The main job on the embedded corpus: a small model that reaches BLEU > 90 within minutes on a 2-core CPU.
@@ -84,19 +157,22 @@ DEMO_SETTINGS = RecipeSettings(
 
 
 def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
-    """The preset with the tokenizer's vocabulary and special ids, and the paper's decoding as generation defaults."""
-    config = PRESETS[settings.preset](
+    """The configured model with the tokenizer's vocabulary and special ids, and the settings' decoding.
+
+    The model's generation config starts as the paper's (the model sets it); only the decoding settings given go on top.
+    """
+    config = model_config(
+        settings,
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        label_smoothing=settings.label_smoothing,
-        **settings.model_overrides,
     )
     model = VaswaniForConditionalGeneration(config)
-    model.generation_config = paper_generation_config(
-        config, num_beams=settings.num_beams, length_penalty=settings.length_penalty
-    )
+    decoding = {
+        name: value for name in ("num_beams", "length_penalty") if (value := getattr(settings, name)) is not None
+    }
+    model.generation_config.update(**decoding)
     return model
 
 
@@ -122,11 +198,7 @@ def run_recipe(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-
-    tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
-    set_seed(settings.seed)  # the initial weights too are a function of the seed
-    model = build_model(settings, tokenizer)
-    tokenized = tokenize_corpus(corpus["train"], tokenizer)
+    # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = paper_training_arguments(
         output_dir / "checkpoints",
         max_steps=settings.max_steps,
@@ -141,6 +213,10 @@ def run_recipe(
         fp16=settings.fp16,
         dataloader_num_workers=0,
     )
+    tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
+    set_seed(settings.seed)  # the initial weights too are a function of the seed
+    model = build_model(settings, tokenizer)
+    tokenized = tokenize_corpus(corpus["train"], tokenizer)
     averaging = CheckpointAveragingCallback(settings.average_last)
     trainer = VaswaniTrainer(
         model=model,
@@ -179,6 +255,10 @@ def run_recipe(
         "test_sentences": len(sources),
         "averaged_checkpoints": settings.average_last,
         "settings": asdict(settings),
+        # what the settings left to the preset and the paper, as the saved config and generation config hold it
+        "label_smoothing": model.config.label_smoothing,
+        "num_beams": model.generation_config.num_beams,
+        "length_penalty": model.generation_config.length_penalty,
         "examples": [
             {"source": s, "reference": r, "translation": h}
             for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
@@ -200,7 +280,11 @@ def write_model_card(
     dataset_name: str,
     example_source: str,
 ) -> Path:
-    """Fill the package's model_card.md template into `model_dir/README.md` (the Hub's model card)."""
+    """Fill the package's model_card.md template into `model_dir/README.md` (the Hub's model card).
+
+    The decoding it describes is the one saved in `model_dir/generation_config.json`.
+    """
+    decoding = GenerationConfig.from_pretrained(model_dir)
     rows = [
         ("layers N (encoder / decoder)", "6 / 6", f"{config.encoder_layers} / {config.decoder_layers}"),
         ("d_model / d_ff / heads h", "512 / 2048 / 8", f"{config.d_model} / {config.d_ff} / {config.num_heads}"),
@@ -211,7 +295,7 @@ def write_model_card(
         ("optimizer", "Adam(0.9, 0.98, 1e-9)", "Adam(0.9, 0.98, 1e-9)"),
         ("warmup steps / training steps", "4000 / 100000", f"{settings.warmup_steps} / {results['steps']}"),
         ("checkpoints averaged", "last 5", f"last {settings.average_last}"),
-        ("beam size / length penalty alpha", "4 / 0.6", f"{settings.num_beams} / {settings.length_penalty}"),
+        ("beam size / length penalty alpha", "4 / 0.6", f"{decoding.num_beams} / {decoding.length_penalty}"),
     ]
     deviations = [name for name, paper, ours in rows if paper != ours]
     template = Template(resources.files("hf_vaswani").joinpath("model_card.md").read_text())
@@ -229,8 +313,8 @@ def write_model_card(
         settings_table="\n".join(f"| {name} | {paper} | {ours} |" for name, paper, ours in rows),
         deviations=", ".join(deviations) + "." if deviations else "none.",
         decoding=(
-            f"beam {settings.num_beams}, GNMT length penalty ((5 + |Y|) / 6)^alpha with alpha "
-            f"{settings.length_penalty}, at most source length + 50 output tokens, early termination (§6.1), all "
+            f"beam {decoding.num_beams}, GNMT length penalty ((5 + |Y|) / 6)^alpha with alpha "
+            f"{decoding.length_penalty}, at most source length + 50 output tokens, early termination (§6.1), all "
             "in generation_config.json. transformers' own penalty (score / |Y|^alpha) instead: "
             '`model.generate(..., length_penalty_type="power")`.'
         ),

@@ -12,4 +12,4 @@ shift $(( $# >= 1 ? 1 : 0 ))
 exec vaswani train --output-dir "$output" --data hub --hub-name wmt14 --hub-config de-en \
     --source-lang en --target-lang de --preset base --vocab-size 37000 \
     --max-tokens 3125 --update-freq 8 --warmup-steps 4000 --max-steps 100000 \
-    --save-steps 1500 --average-last 5 --label-smoothing 0.1 --bf16 "$@"
+    --save-steps 1500 --average-last 5 --bf16 "$@"

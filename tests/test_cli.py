@@ -1,36 +1,42 @@
 """The `vaswani` command end to end on tiny inputs: train from local files, average, and clear errors."""
 
 import json
+import shlex
 import subprocess
 import sys
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
 
+import hf_vaswani.cli
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.cli import main
+from hf_vaswani.cli import build_parser, main, settings_from_args
+from hf_vaswani.recipe import RecipeSettings, setting_flag
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 SOURCES = ["the dog sleeps .", "the cat sleeps .", "the dog sees the cat .", "the cat sees the dog ."] * 5
 TARGETS = ["der Hund schläft .", "die Katze schläft .", "der Hund sieht die Katze .", "die Katze sieht den Hund ."] * 5
 
 
-def test_train_from_local_files(tmp_path) -> None:
+def local_files_arguments(folder: Path) -> list[str]:
+    """`vaswani train` options for a tiny corpus written into `folder`, its training split doubling as test split."""
     for name, lines in (("train.en", SOURCES), ("train.de", TARGETS)):
-        (tmp_path / name).write_text("\n".join(lines) + "\n")
-    tiny = ["d_model=32", "d_ff=64", "num_heads=4", "encoder_layers=1", "decoder_layers=1"]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    files = [str(folder / "train.en"), str(folder / "train.de")]
+    return ["--output-dir", str(folder / "run"), "--data", "files", "--train", *files, "--test", *files]
+
+
+def test_train_from_local_files(tmp_path) -> None:
+    # d_ff twice: the later value wins; label smoothing goes through the overrides like any other config field
+    tiny = ["d_model=32", "d_ff=48", "d_ff=64", "num_heads=4", "encoder_layers=1", "decoder_layers=1"]
+    tiny.append("label_smoothing=0.2")
     main(
         [
             "train",
-            "--output-dir",
-            str(tmp_path / "run"),
-            "--data",
-            "files",
-            "--train",
-            str(tmp_path / "train.en"),
-            str(tmp_path / "train.de"),
-            "--test",
-            str(tmp_path / "train.en"),
-            str(tmp_path / "train.de"),
+            *local_files_arguments(tmp_path),
             *[arg for override in tiny for arg in ("--model-override", override)],
             "--vocab-size",
             "300",
@@ -46,11 +52,100 @@ def test_train_from_local_files(tmp_path) -> None:
             "3",
             "--logging-steps",
             "2",
+            "--num-beams",
+            "2",
         ]
     )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert (config["label_smoothing"], config["d_ff"]) == (0.2, 64)
+    decoding = json.loads((tmp_path / "run" / "model" / "generation_config.json").read_text())
+    # --num-beams on top of the paper's decoding, which stays as it was
+    assert (decoding["num_beams"], decoding["length_penalty"], decoding["max_new_tokens_over_source"]) == (2, 0.6, 50)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--model-override", "vocab_size=500"], "set it with --vocab-size"),
+        (["--model-override", "no_such_field=3"], "--model-override no_such_field: VaswaniConfig has no such field"),
+        (["--model-override", "dropuot=0.3"], "did you mean dropout?"),
+        (["--model-override", "dropout=high"], "field 'dropout'"),
+        (["--model-override", "dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
+        (["--max-steps", "4", "--save-steps", "1", "--average-last", "1"], "--logging-steps (100)"),
+        (["--max-steps", "4", "--save-steps", "5", "--average-last", "1", "--logging-steps", "1"], "--save-steps (5)"),
+    ],
+)
+def test_settings_are_refused_before_any_work(tmp_path, capsys, monkeypatch, options, named) -> None:
+    def load_data(args):
+        raise AssertionError("the corpus was read before the settings were checked")
+
+    monkeypatch.setattr(hf_vaswani.cli, "load_data", load_data)
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", *local_files_arguments(tmp_path), *options])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("vaswani train: error: ") and named in error and error.count("\n") == 1, error
+    assert not (tmp_path / "run").exists()  # no tokenizer, no checkpoint
+
+
+def test_a_tokenizer_field_override_is_one_line_naming_the_option(tmp_path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_vaswani.cli",
+            "train",
+            *local_files_arguments(tmp_path),
+            "--model-override",
+            "vocab_size=500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "vaswani train: error: --model-override vocab_size: the recipe takes it from the tokenizer it trains; "
+        "set it with --vocab-size\n"
+    )
+
+
+def test_train_options_are_the_recipe_settings(capsys, monkeypatch) -> None:
+    parser = build_parser()
+    assert settings_from_args(parser.parse_args(["train", "--output-dir", "run"])) == RecipeSettings()
+    args = parser.parse_args(
+        ["train", "--output-dir", "run", "--num-beams", "2", "--length-penalty", "1.0", "--eval-batch-size", "8"]
+        + ["--model-override", "d_model=64", "--model-override", "dropout=0.2", "--model-override", "d_model=256"]
+        + ["--bf16", "--model-override", "label_smoothing=0.05"]
+    )
+    settings = settings_from_args(args)
+    assert (settings.num_beams, settings.length_penalty, settings.eval_batch_size) == (2, 1.0, 8)
+    assert settings.model_overrides == {"d_model": 256, "dropout": 0.2, "label_smoothing": 0.05} and settings.bf16
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: argparse wraps help at the terminal's width
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = capsys.readouterr().out
+    for setting in fields(RecipeSettings):
+        assert f"{setting_flag(setting.name)} " in help_text and setting.metadata["help"] in help_text, setting.name
+
+
+def script_command(name: str) -> list[str]:
+    """The words of a script's `exec` line, continuation lines joined, shell variables unexpanded, "$@" dropped."""
+    text = (SCRIPTS / name).read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith("exec "))
+    return [word for word in shlex.split(line) if word != "$@"]
+
+
+def test_the_scripts_commands_give_valid_settings() -> None:
+    multi30k, base, big = (script_command(name) for name in ("multi30k.sh", "wmt14_base.sh", "wmt14_big.sh"))
+    base_options = base[base.index("train") + 1 :]
+    big_options = base_options + big[big.index("$output") + 1 :]  # wmt14_big.sh runs wmt14_base.sh with more options
+    for options in (multi30k[multi30k.index("train") + 1 :], base_options, big_options):
+        settings_from_args(build_parser().parse_args(["train", *options]))
+    assert settings_from_args(build_parser().parse_args(["train", *big_options])).average_last == 20
 
 
 def test_average_command_writes_the_elementwise_mean(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import fields
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from transformers import (
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.recipe import RecipeSettings, run_recipe
+from hf_vaswani.generation_vaswani import paper_generation_config
+from hf_vaswani.recipe import DEMO_SETTINGS, RecipeSettings, build_model, model_config, run_recipe
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import (
     VaswaniTrainer,
@@ -37,6 +39,8 @@ PAIRS = [
     ("the man sees the woman .", "der Mann sieht die Frau ."),
     ("the woman sees the man .", "die Frau sieht den Mann ."),
 ]
+
+TINY_OVERRIDES = dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)
 
 
 def eq3(step: int, d_model: int, warmup: int) -> float:
@@ -175,7 +179,7 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
         }
     )
     settings = RecipeSettings(
-        model_overrides=dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1),
+        model_overrides=TINY_OVERRIDES,
         vocab_size=300,
         max_tokens=64,
         warmup_steps=10,
@@ -200,6 +204,32 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     torch.testing.assert_close(model.state_dict()["lm_head.weight"], expected)
     out = model.generate(**tokenizer(["the dog sleeps ."], return_tensors="pt"), max_new_tokens=8)
     assert isinstance(tokenizer.decode(out[0], skip_special_tokens=True), str)
+
+
+def test_label_smoothing_has_one_home_in_the_model_config() -> None:
+    assert model_config(RecipeSettings()).label_smoothing == 0.1  # the preset's
+    assert model_config(RecipeSettings(model_overrides={"label_smoothing": 0.2})).label_smoothing == 0.2
+    assert "label_smoothing" not in {setting.name for setting in fields(RecipeSettings)}
+
+
+def test_settings_refuse_what_could_not_finish() -> None:
+    with pytest.raises(ValueError, match=r"--logging-steps \(100\) is larger than --max-steps \(4\)"):
+        RecipeSettings(max_steps=4, save_steps=1, average_last=1)
+    with pytest.raises(ValueError, match="exclude each other"):
+        RecipeSettings(bf16=True, fp16=True)
+    with pytest.raises(ValueError, match="--num-beams must be positive"):
+        RecipeSettings(num_beams=0)
+    with pytest.raises(ValueError, match="^VaswaniConfig refuses the settings: .*field 'dropout'[^\n]*$"):
+        RecipeSettings(model_overrides={"dropout": "high"})  # strict's type error, as one ValueError line
+    assert DEMO_SETTINGS.max_steps >= DEMO_SETTINGS.logging_steps  # the demo is a preset of the same settings
+
+
+def test_build_model_puts_only_the_given_decoding_on_the_papers(tokenizer) -> None:
+    model = build_model(RecipeSettings(model_overrides=TINY_OVERRIDES, num_beams=2), tokenizer)
+    assert model.config.vocab_size == len(tokenizer) and model.config.pad_token_id == tokenizer.pad_token_id
+    assert model.generation_config.to_dict() == paper_generation_config(model.config, num_beams=2).to_dict()
+    default = build_model(RecipeSettings(model_overrides=TINY_OVERRIDES), tokenizer)
+    assert default.generation_config.to_dict() == paper_generation_config(default.config).to_dict()
 
 
 def test_bf16_on_a_cpu_whose_bf16_matmul_traps_is_a_clear_error(tmp_path, monkeypatch) -> None:
