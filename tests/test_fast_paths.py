@@ -10,8 +10,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
+from hf_vaswani.fast_paths_vaswani import VaswaniDropout, VaswaniLinear, packed_decoder_weights
 from hf_vaswani.inference import quantize_int8
-from hf_vaswani.modeling_vaswani import VaswaniDropout, VaswaniLinear, packed_decoder_weights
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed weights need MKL")
 
