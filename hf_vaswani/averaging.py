@@ -17,11 +17,12 @@ import json
 import re
 import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 __all__ = ["average_checkpoints", "last_checkpoints"]
@@ -50,6 +51,21 @@ _NOT_COPIED = (
     "latest",
     "zero_to_fp32.py",
 )
+
+# The files that define a tokenizer: checkpoints trained with different tokenizers give token ids different meanings,
+# so their weights must not be averaged.
+_TOKENIZER_FILES = (
+    "tokenizer*.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "*.spm",
+)
+
+# config.json entries that describe how a checkpoint was saved, not the model.
+_IRRELEVANT_CONFIG_KEYS = ("transformers_version", "_name_or_path")
 
 
 def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
@@ -81,12 +97,43 @@ def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
     return [path for _, path in steps[-n:]]
 
 
+@contextmanager
+def _opened(path: Path) -> Iterator:
+    """`safe_open(path)`, refusing a truncated or corrupt file with an error that names it."""
+    try:
+        handle = safe_open(path, framework="pt")
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated?): {error}") from error
+    with handle:
+        yield handle
+
+
+def _check_same_model_files(first: Path, checkpoint: Path) -> None:
+    """Refuses checkpoints whose tokenizers or configs differ: their weights belong to different models."""
+    for source in sorted(first.iterdir()):
+        other = checkpoint / source.name
+        if not any(fnmatch.fnmatch(source.name, pattern) for pattern in _TOKENIZER_FILES) or not other.is_file():
+            continue
+        if source.read_bytes() != other.read_bytes():
+            raise ValueError(f"checkpoints {first} and {checkpoint} have different tokenizers: {source.name} differs")
+    if (first / "config.json").is_file() and (checkpoint / "config.json").is_file():
+        configs = [json.loads((path / "config.json").read_text()) for path in (first, checkpoint)]
+        for config in configs:
+            for key in _IRRELEVANT_CONFIG_KEYS:
+                config.pop(key, None)
+        differing = sorted(
+            key for key in configs[0].keys() | configs[1].keys() if configs[0].get(key) != configs[1].get(key)
+        )
+        if differing:
+            raise ValueError(f"checkpoints {first} and {checkpoint} have different configs: {differing} differ")
+
+
 def _weight_files(checkpoint: Path) -> dict[str, Path]:
     """Maps each tensor name of a checkpoint to the safetensors file holding it."""
     single = checkpoint / WEIGHTS_NAME
     index = checkpoint / WEIGHTS_INDEX_NAME
     if single.is_file():
-        with safe_open(single, framework="pt") as handle:
+        with _opened(single) as handle:
             return dict.fromkeys(handle.keys(), single)
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -102,7 +149,7 @@ def _headers(files: dict[str, Path]) -> tuple[dict[str, tuple[list[int], str]], 
     headers: dict[str, tuple[list[int], str]] = {}
     metadata: dict[str, str] = {}
     for path, names in by_file.items():
-        with safe_open(path, framework="pt") as handle:
+        with _opened(path) as handle:
             metadata = metadata or (handle.metadata() or {})
             for name in names:
                 tensor_slice = handle.get_slice(name)
@@ -137,7 +184,7 @@ def _tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
         by_file.setdefault(path, []).append(name)
     tensors = {}
     for path, names in by_file.items():
-        with safe_open(path, framework="pt") as handle:
+        with _opened(path) as handle:
             for name in names:
                 tensors[name] = handle.get_tensor(name)
     return tensors
@@ -171,7 +218,8 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
 
     Raises:
         ValueError: no checkpoints, mismatched tensors (naming the checkpoint and the tensor), differing integer
-            tensors, or ``output_dir`` is one of the checkpoints.
+            tensors, differing tokenizer files or configs, a truncated weights file (naming it), or ``output_dir`` is
+            one of the checkpoints.
         FileNotFoundError: a checkpoint has no safetensors weights.
     """
     if not checkpoints:
@@ -186,6 +234,7 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     reference, metadata = _headers(files[0])
     for path, checkpoint_files in zip(paths[1:], files[1:], strict=True):
         _check_compatible(reference, _headers(checkpoint_files)[0], paths[0], path)
+        _check_same_model_files(paths[0], path)
 
     # Streaming one checkpoint at a time keeps memory at one float64 copy plus one checkpoint, whatever their number.
     first = _tensors(files[0])

@@ -3,9 +3,14 @@
 import argparse
 import contextlib
 import json
+import os
+import shlex
+import shutil
 import sys
+import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -103,65 +108,142 @@ def load_data(args: argparse.Namespace):
 
 def command_demo(args: argparse.Namespace) -> None:
     from .demo_corpus import make_synthetic_corpus
+    from .recipe import check_output_dir
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
+    check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
     results = run_recipe(
-        make_synthetic_corpus(seed=args.seed), args.output_dir, settings, dataset_name="hf_vaswani-synthetic-en-de"
+        make_synthetic_corpus(seed=args.seed),
+        args.output_dir,
+        settings,
+        dataset_name="hf_vaswani-synthetic-en-de",
+        resume=args.resume,
+        overwrite=args.overwrite,
+        command=args.command_line,
     )
     print_summary(results, Path(args.output_dir))
 
 
 def command_train(args: argparse.Namespace) -> None:
+    from .recipe import check_output_dir
+
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
+    check_output_dir(args.output_dir, settings, args.resume, args.overwrite)  # so does a run already in the folder
     corpus = load_data(args)
     name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
     results = run_recipe(
-        corpus, args.output_dir, settings, args.source_lang, args.target_lang, dataset_name=name, resume=args.resume
+        corpus,
+        args.output_dir,
+        settings,
+        args.source_lang,
+        args.target_lang,
+        dataset_name=name,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        command=args.command_line,
     )
     if results:
         print_summary(results, Path(args.output_dir))
 
 
+def check_input_file(path: Path, option: str) -> None:
+    """Refuse a missing input file before any work (a directory is not a file either)."""
+    if not path.is_file():
+        raise ValueError(f"{option} {path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file that could not be written, before any work: writing comes last."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"{option} {path}: no directory {path.parent}")
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"{option} {path}: the directory {path.parent} is not writable")
+
+
+@contextlib.contextmanager
+def new_folder(path: Path, option: str) -> Iterator[Path]:
+    """A temporary folder beside `path`, renamed to `path` when the block completes and removed when it fails.
+
+    So a failure never leaves a half-written model folder, and an existing folder is refused rather than mixed into.
+    """
+    from .inference import current_umask
+
+    if path.exists():
+        raise ValueError(f"{option} {path} already exists; choose a new folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial"))
+    try:
+        yield temporary
+        temporary.chmod(0o777 & ~current_umask())  # mkdtemp's private 0700, made what mkdir would have given
+        temporary.rename(path)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
 def command_average(args: argparse.Namespace) -> None:
     from .averaging import average_checkpoints, last_checkpoints
 
+    if not args.checkpoints and not args.checkpoint_dir:
+        raise ValueError("give checkpoint folders or --checkpoint-dir")
     checkpoints = args.checkpoints or last_checkpoints(args.checkpoint_dir, args.last)
-    print(average_checkpoints(checkpoints, args.output))
+    with new_folder(args.output, "--output") as temporary:
+        average_checkpoints(checkpoints, temporary)
+    print(args.output)
 
 
-def load_saved(model_path: str, device: str = "cpu", int8: bool = False):
-    """A saved model folder (or Hub id) and its tokenizer, as every inference subcommand uses them."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+def generation_options(args: argparse.Namespace) -> dict:
+    """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
+    from .inference import check_generation_options
 
-    from .inference import quantize_int8
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_path, trust_remote_code=True).to(device)
-    return quantize_int8(model) if int8 else model, AutoTokenizer.from_pretrained(model_path)
-
-
-def command_translate(args: argparse.Namespace) -> None:
-    from .inference import translate
-
-    model, tokenizer = load_saved(args.model, args.device, args.int8)
-    # nullcontext: standard input and output stay open
-    with open(args.input, encoding="utf-8") if args.input else contextlib.nullcontext(sys.stdin) as source:
-        sentences = [line.rstrip("\n") for line in source]
     options = {
         name: value
         for name in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, name)) is not None
     }
+    check_generation_options(**options)
+    return options
+
+
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+
+
+def command_translate(args: argparse.Namespace) -> None:
+    from .inference import load_model_folder, read_sentences, translate, write_lines, write_lines_atomically
+
+    # Everything that can be checked is checked before the model is loaded and the input translated.
+    if args.input:
+        check_input_file(args.input, "--input")
+    if args.output:
+        check_output_file(args.output, "--output")
+    check_batch_size(args.batch_size)
+    options = generation_options(args)
+    model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    if args.input:
+        with open(args.input, "rb") as source:
+            sentences = read_sentences(source, str(args.input))
+    else:
+        sentences = read_sentences(sys.stdin.buffer, "standard input")
     translations = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
-    with open(args.output, "w", encoding="utf-8") if args.output else contextlib.nullcontext(sys.stdout) as target:
-        target.writelines(line + "\n" for line in translations)
+    if args.output:
+        write_lines_atomically(translations, args.output)
+    else:
+        write_lines(translations, sys.stdout)
 
 
 def command_evaluate(args: argparse.Namespace) -> None:
     from .data import load_parallel_files
-    from .inference import translate_and_score
+    from .inference import load_model_folder, translate_and_score
 
+    check_input_file(args.source, "--source")
+    check_input_file(args.reference, "--reference")
+    check_batch_size(args.batch_size)
     test = load_parallel_files(args.source, args.reference)
-    model, tokenizer = load_saved(args.model, args.device, args.int8)
+    model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
     hypotheses, report = translate_and_score(
         model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size
     )
@@ -170,9 +252,10 @@ def command_evaluate(args: argparse.Namespace) -> None:
 
 
 def command_plot_attention(args: argparse.Namespace) -> None:
+    from .inference import load_model_folder
     from .plots import plot_attention
 
-    model, tokenizer = load_saved(args.model)
+    model, tokenizer = load_model_folder(args.model, trust_remote_code=args.trust_remote_code)
     for path in plot_attention(model, tokenizer, args.sentence, args.output_dir, layer=args.layer):
         print(path)
 
@@ -180,13 +263,23 @@ def command_plot_attention(args: argparse.Namespace) -> None:
 def command_convert(args: argparse.Namespace) -> None:
     from .convert import convert_folder
 
-    print(convert_folder(args.source_kind, args.source, args.output))
+    if not args.source.is_dir():
+        raise ValueError(f"no model folder at {args.source}")
+    with new_folder(args.output, "output folder") as temporary:
+        convert_folder(args.source_kind, args.source, temporary)
+    print(args.output)
 
 
 def command_push(args: argparse.Namespace) -> None:
+    import httpx2  # huggingface_hub's HTTP client: its connection errors are not OSErrors
+
     from .hub import push_folder
 
-    print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
+    try:
+        print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
+    except (OSError, httpx2.HTTPError) as error:  # HfHubHTTPError is both; OfflineModeIsEnabled an OSError
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"could not push {args.folder} to the Hub repo {args.repo_id}: {cause}") from None
 
 
 def print_summary(results: dict, output_dir: Path) -> None:
@@ -205,12 +298,30 @@ def print_summary(results: dict, output_dir: Path) -> None:
     )
 
 
+def add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder of a training run, and what to do when it already holds one."""
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in OUTPUT_DIR from its newest complete checkpoint, with its tokenizer; the training "
+        "corpus and settings must be the run's, except that --max-steps may grow and --num-beams, --length-penalty "
+        "and --eval-batch-size may change (without a run there, start one)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run in OUTPUT_DIR (checkpoints, tokenizer, model, results) and start a new one; without "
+        "--resume or --overwrite a folder holding a run is refused",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="the main job: corpus, tokenizer, training, averaging, BLEU, model folder")
-    demo.add_argument("--output-dir", required=True, type=Path)
+    add_run_folder_arguments(demo)
     demo.add_argument("--seed", type=int, default=0, help="seed of the corpus, initial weights, data order and dropout")
     demo.set_defaults(handler=command_demo)
 
@@ -219,8 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's recipe on a corpus of your choice",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    train.add_argument("--output-dir", required=True, type=Path)
-    train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUTPUT_DIR")
+    add_run_folder_arguments(train)
     add_settings_arguments(train)
     add_data_arguments(train)
     train.set_defaults(handler=command_train)
@@ -241,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--max-new-tokens", type=int, help="an absolute cap on top of source length + 50")
     translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     translate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
+    translate.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
+    )
     translate.set_defaults(handler=command_translate)
 
     evaluate = commands.add_parser(
@@ -253,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=64)
     evaluate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     evaluate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
+    evaluate.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
+    )
     evaluate.set_defaults(handler=command_evaluate)
 
     plot = commands.add_parser("plot-attention", help="heatmaps of all heads of a layer for one sentence (PNG)")
@@ -260,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--sentence", required=True)
     plot.add_argument("--layer", type=int, default=-1, help="0-based; -1 is the last layer")
     plot.add_argument("--output-dir", type=Path, default=Path("attention_plots"))
+    plot.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
+    )
     plot.set_defaults(handler=command_plot_attention)
     convert = commands.add_parser("convert", help="convert a MarianMT (OPUS-MT) or FSMT folder exactly (same logits)")
     convert.add_argument("--from", dest="source_kind", choices=["marian", "fsmt"], required=True)
@@ -283,12 +408,16 @@ def _cuda() -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.command == "average" and not args.checkpoints and not args.checkpoint_dir:
-        raise SystemExit("vaswani average: give checkpoint folders or --checkpoint-dir")
+    args.command_line = shlex.join(["vaswani", *(sys.argv[1:] if argv is None else argv)])  # recorded with results
+    from safetensors import SafetensorError
+
     try:
         args.handler(args)
-    except ValueError as error:  # bad input: a clear message, not a traceback
-        print(f"vaswani {args.command}: error: {error}", file=sys.stderr)
+    # Bad input, a missing or unwritable file, damaged weights: a clear message, not a traceback. Any other exception
+    # is a bug and keeps its traceback.
+    except (ValueError, OSError, SafetensorError) as error:
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"vaswani {args.command}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from error
 
 

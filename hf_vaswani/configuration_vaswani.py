@@ -3,10 +3,30 @@
 This file travels to the Hub with `trust_remote_code`: it imports only transformers (and its huggingface_hub).
 """
 
+import dataclasses
+import difflib
+import math
 from typing import Literal
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
+
+# Keys that transformers passes to a config, or writes into config.json, which are neither fields nor attributes of
+# PreTrainedConfig: arguments its __post_init__ and from_dict consume, and entries added for remote code, custom
+# pipelines and quantized weights.
+TRANSFORMERS_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "_commit_hash",
+        "_attn_implementation_internal",
+        "_experts_implementation_internal",
+        "attn_implementation",
+        "experts_implementation",
+        "auto_map",
+        "custom_pipelines",
+        "quantization_config",
+    }
+)
 
 
 @strict
@@ -76,6 +96,7 @@ class VaswaniConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
+        self._check_keys(kwargs)
         self._check_values()
         # The paper leaves d_k and d_v free (Table 3 row B); by default they split d_model evenly over the heads.
         self.d_k = self.d_k if self.d_k is not None else self.d_model // self.num_heads
@@ -86,8 +107,25 @@ class VaswaniConfig(PreTrainedConfig):
             self.decoder_start_token_id = self.bos_token_id
         super().__post_init__(**kwargs)
 
+    def _check_keys(self, kwargs: dict) -> None:
+        """Refuses keys that neither this config nor transformers knows: a misspelt field would otherwise be kept as
+        an attribute nobody reads while the field keeps its default."""
+        generation_keys = GenerationConfig._get_default_generation_params()  # PreTrainedConfig drops these itself
+        for key in kwargs:
+            known_attribute = hasattr(type(self), key) and not callable(getattr(type(self), key))  # a property
+            if known_attribute or key in self.attribute_map or key in TRANSFORMERS_KEYS or key in generation_keys:
+                continue
+            fields = [field.name for field in dataclasses.fields(self)]
+            suggestion = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {suggestion[0]!r}?" if suggestion else ""
+            raise ValueError(f"{type(self).__name__} has no key {key!r}{hint}")
+
     def _check_values(self) -> None:
         # Raise plain ValueErrors naming the field: strict's own validators wrap errors in a non-ValueError class.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{field.name} must be a finite number, got {value}")
         for name in (
             "vocab_size",
             "source_vocab_size",

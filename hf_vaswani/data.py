@@ -54,15 +54,24 @@ def _is_gzip(path: Path) -> bool:
 
 
 def _read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text without line ending) of a UTF-8 file, gzipped or not."""
+    """Yield (1-based line number, text without line ending) of a UTF-8 file, gzipped or not.
+
+    Only LF ends a line (binary files split on it alone); a CR right before it is a Windows line ending and dropped, a
+    CR anywhere else is part of the line. NUL bytes are refused: text never holds them, binary and UTF-16 files do.
+    """
     path = Path(path)
     lineno = 0
     try:
         with gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb") as handle:
             for lineno, raw in enumerate(handle, start=1):
-                raw = raw.rstrip(b"\r\n")
+                raw = raw.removesuffix(b"\n").removesuffix(b"\r")
                 if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
                     raw = raw[len(codecs.BOM_UTF8) :]
+                nul = raw.find(b"\0")
+                if nul >= 0:
+                    raise ValueError(
+                        f"{path}, line {lineno}: NUL byte at column {nul + 1}; not a text file (binary, or UTF-16?)"
+                    )
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as error:

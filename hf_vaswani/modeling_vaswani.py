@@ -5,8 +5,9 @@ Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), t
 the encoder-decoder and the whole model of Figure 1 with its pre-softmax projection (§3.4).
 
 Speed lives in fast_paths_vaswani.py (faster nn.Linear and nn.Dropout on CPU, beams sharing the encoder states), the
-training loss in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py. This file travels to the Hub
-with `trust_remote_code`: it imports only torch, transformers and those sibling modules.
+training loss in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py, input checks in
+checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
+those sibling modules.
 """
 
 import math
@@ -32,6 +33,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .checks_vaswani import check_inputs, check_labels, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source
 from .generation_vaswani import PaperDecodingMixin, paper_generation_config
@@ -321,6 +323,8 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
+        # checked here rather than in VaswaniModel: generate calls the encoder directly
+        check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
@@ -373,6 +377,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 f"past_key_values must be an EncoderDecoderCache (self- and cross-attention), got "
                 f"{type(past_key_values).__name__}"
             )
+        check_token_ids("decoder_input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embeddings(input_ids, inputs_embeds, past_length)
         causal_mask = create_causal_mask(
@@ -443,12 +448,23 @@ class VaswaniModel(VaswaniPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
+        if encoder_outputs is not None and not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        past_length = past_key_values.get_seq_length() if isinstance(past_key_values, Cache) else 0
+        check_inputs(
+            input_ids,
+            attention_mask,
+            inputs_embeds,
+            decoder_input_ids,
+            decoder_attention_mask,
+            decoder_inputs_embeds,
+            encoder_outputs,
+            past_length,
+        )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -523,6 +539,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             loss is divided by it so that gradient accumulation equals one large batch.
         """
         if labels is not None:
+            check_labels(
+                labels,
+                decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds,
+                self.config.vocab_size,
+            )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

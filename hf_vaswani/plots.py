@@ -32,6 +32,9 @@ def attention_maps(model, tokenizer, sentence: str, layer: int = -1) -> dict:
     """Attention weights of one layer for `sentence` and the model's own translation of it, with token labels."""
     import torch
 
+    layers = min(model.config.encoder_layers, model.config.decoder_layers)
+    if not -layers <= layer < layers:
+        raise ValueError(f"layer {layer} does not exist: the model has layers 0 to {layers - 1} (or -1 to -{layers})")
     model.eval()
     model.set_attn_implementation("eager")  # the weights themselves: sdpa does not return them
     source = tokenizer(sentence, return_tensors="pt").to(model.device)

@@ -1,8 +1,12 @@
 """From a parallel corpus to a trained, averaged, scored and Hub-ready model folder with the paper's recipe."""
 
 import difflib
+import hashlib
 import inspect
 import json
+import os
+import platform
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -10,9 +14,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from datasets import DatasetDict
+from datasets import Dataset, DatasetDict
 from huggingface_hub.errors import StrictDataclassError
-from transformers import DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerBase, set_seed
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerBase, set_seed
 
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
@@ -20,7 +24,15 @@ from .inference import translate_and_score
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
 from .tokenization import train_shared_bpe_from_dataset
-from .training import CheckpointAveragingCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
+from .training import (
+    CheckpointAveragingCallback,
+    VaswaniTrainer,
+    newest_complete_checkpoint,
+    paper_training_arguments,
+    replace_folder,
+    tokenize_corpus,
+    write_text_atomically,
+)
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
@@ -141,6 +153,90 @@ def model_config(settings: RecipeSettings, **tokenizer_fields: int) -> VaswaniCo
         raise ValueError(f"VaswaniConfig refuses the settings: {message}") from error
 
 
+RUN_RECORD = "run.json"  # the settings and training corpus that define the run in an output folder
+TOKENIZER_FOLDER = "tokenizer"  # the run's vocabulary, saved before training so that a resumed run keeps its ids
+# What a run leaves in its output folder: any of them means the folder holds one.
+RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", "model", "results.json", "training_curves.png")
+# Settings a resumed run may change: more steps continue the same trajectory (Eq. 3 and the data order do not depend
+# on the total), and decoding and evaluation come after training. Fewer steps could end before the last checkpoint.
+RESUMABLE_SETTINGS = ("max_steps", "num_beams", "length_penalty", "eval_batch_size")
+
+
+def is_main_process() -> bool:
+    """Whether this is the process that judges and writes the output folder (torchrun and accelerate set RANK)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def check_output_dir(
+    output_dir: str | Path, settings: RecipeSettings, resume: bool = False, overwrite: bool = False
+) -> dict | None:
+    """Refuse, in one ValueError line, an output folder that would mix or lose runs; reads it, changes nothing.
+
+    A folder holding a previous run is continued with `resume` (its corpus, checked later, and settings must be the
+    same but RESUMABLE_SETTINGS, max_steps only growing) or replaced with `overwrite`, never reused silently. `resume`
+    on a folder without a run starts one. Returns the previous run's record when resuming one, else None. Only the main
+    process judges: the others would see what it has just written.
+    """
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    output_dir = Path(output_dir)
+    found = [name for name in RUN_ENTRIES if (output_dir / name).exists()]
+    if not found or overwrite or not is_main_process():
+        return None
+    if not resume:
+        raise ValueError(
+            f"{output_dir} holds a previous run ({', '.join(found)}): continue it with --resume, replace it with "
+            "--overwrite, or choose another --output-dir"
+        )
+    if not (output_dir / RUN_RECORD).is_file():
+        raise ValueError(
+            f"--resume: {output_dir} holds no {RUN_RECORD} (a run of an older version, or killed before it started), "
+            "so its corpus and settings cannot be checked; start again with --overwrite"
+        )
+    record = json.loads((output_dir / RUN_RECORD).read_text())
+    differences = settings_differences(RecipeSettings(**record["settings"]), settings)
+    if differences:
+        raise ValueError(f"--resume: {'; '.join(differences)} (only --max-steps may grow and decoding change)")
+    return record
+
+
+def settings_differences(previous: RecipeSettings, current: RecipeSettings) -> list[str]:
+    """What a resumed run changes that it may not: model config fields by name, other settings by option."""
+    previous_config, current_config = model_config(previous).to_dict(), model_config(current).to_dict()
+    differences = [
+        f"{name} was {previous_config.get(name)}, now {current_config.get(name)}"
+        for name in sorted(previous_config.keys() | current_config.keys())
+        if previous_config.get(name) != current_config.get(name)
+    ]
+    for setting in fields(RecipeSettings):
+        name = setting.name
+        before, now = getattr(previous, name), getattr(current, name)
+        if name in ("preset", "model_overrides") or before == now:  # the config covers them
+            continue
+        if name not in RESUMABLE_SETTINGS or (name == "max_steps" and now < before):
+            differences.append(f"{setting_flag(name)} was {before}, now {now}")
+    return differences
+
+
+def corpus_fingerprint(split: Dataset) -> str:
+    """sha256 over the split's source and target lines in order: the same text gives the same value in any process."""
+    digest = hashlib.sha256()
+    for batch in split.select_columns(["source", "target"]).iter(batch_size=10_000):
+        for source, target in zip(batch["source"], batch["target"], strict=True):
+            digest.update(f"{source}\0{target}\0".encode())  # NUL ends each line: no two corpora hash alike
+    return digest.hexdigest()
+
+
+def remove_run(output_dir: Path) -> None:
+    """Delete what a run wrote into `output_dir` (RUN_ENTRIES), leaving anything else there alone."""
+    for name in RUN_ENTRIES:
+        path = output_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 # The main job on the embedded corpus: a small model that reaches BLEU > 90 within minutes on a 2-core CPU.
 DEMO_SETTINGS = RecipeSettings(
     preset="base",
@@ -184,20 +280,31 @@ def run_recipe(
     target_lang: str = "de",
     dataset_name: str = "custom",
     resume: bool = False,
+    overwrite: bool = False,
+    command: str = "hf_vaswani.recipe.run_recipe",
 ) -> dict:
     """Train tokenizer and model, average the last checkpoints, translate the test split and write everything.
 
-    Writes `output_dir/model` (Hub-ready: weights, tokenizer, generation config, model card, remote code),
-    `output_dir/results.json`, `output_dir/training_curves.png` and the checkpoints under `output_dir/checkpoints`.
-    With `resume`, training continues from the last checkpoint there (weights, optimizer, schedule, data position and
-    random state), ending where an uninterrupted run would.
+    Writes `output_dir/run.json` (settings and corpus fingerprint) and `output_dir/tokenizer` first, the checkpoints
+    under `output_dir/checkpoints`, then `output_dir/model` (Hub-ready: weights, tokenizer, generation config, model
+    card, remote code), `output_dir/results.json` and `output_dir/training_curves.png`; the model folder, results and
+    averaged weights each appear whole or not at all. A folder holding a previous run is refused unless `resume` or
+    `overwrite` says what to do with it (`check_output_dir`). With `resume`, training continues from the newest complete
+    checkpoint there (weights, optimizer, schedule, data position and random state) with the run's tokenizer, ending
+    where an uninterrupted run would; a different training corpus is refused.
     """
     for split in ("train", "test"):
         if split not in corpus:
             raise ValueError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    previous_run = check_output_dir(output_dir, settings, resume, overwrite)
+    fingerprint = corpus_fingerprint(corpus["train"])
+    if previous_run and previous_run["train_corpus_sha256"] != fingerprint:
+        raise ValueError(
+            f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
+            f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
+        )
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = paper_training_arguments(
         output_dir / "checkpoints",
@@ -213,7 +320,20 @@ def run_recipe(
         fp16=settings.fp16,
         dataloader_num_workers=0,
     )
-    tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
+    if overwrite and is_main_process():
+        remove_run(output_dir)
+    tokenizer_dir = output_dir / TOKENIZER_FOLDER
+    if resume and tokenizer_dir.is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # retrained BPE could give the weights other ids
+    else:
+        tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
+    if is_main_process():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # The record first: a run killed before its tokenizer is saved resumes by training the same one again.
+        record = {"settings": asdict(settings), "train_corpus_sha256": fingerprint, "train_pairs": len(corpus["train"])}
+        write_text_atomically(output_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+        if not tokenizer_dir.is_dir():
+            replace_folder(tokenizer_dir, tokenizer.save_pretrained)
     set_seed(settings.seed)  # the initial weights too are a function of the seed
     model = build_model(settings, tokenizer)
     tokenized = tokenize_corpus(corpus["train"], tokenizer)
@@ -227,8 +347,9 @@ def run_recipe(
         max_tokens=settings.max_tokens,
         callbacks=[averaging],
     )
-    has_checkpoint = resume and any((output_dir / "checkpoints").glob("checkpoint-*"))
-    train_output = trainer.train(resume_from_checkpoint=True if has_checkpoint else None)
+    # Only the main process moves incomplete checkpoints aside; the others skip them where it has not yet.
+    checkpoint = newest_complete_checkpoint(args.output_dir, move_aside=is_main_process()) if resume else None
+    train_output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     train_seconds = time.perf_counter() - started
     if not trainer.is_world_process_zero():
         return {}
@@ -240,8 +361,6 @@ def run_recipe(
         model, tokenizer, sources, references, target_lang, batch_size=settings.eval_batch_size
     )
 
-    model_dir = output_dir / "model"
-    save_model_folder(model, tokenizer, model_dir)
     results = {
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
@@ -255,6 +374,9 @@ def run_recipe(
         "test_sentences": len(sources),
         "averaged_checkpoints": settings.average_last,
         "settings": asdict(settings),
+        # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one
+        "cpu": cpu_model_name(),
+        "command": command,
         # what the settings left to the preset and the paper, as the saved config and generation config hold it
         "label_smoothing": model.config.label_smoothing,
         "num_beams": model.generation_config.num_beams,
@@ -264,10 +386,27 @@ def run_recipe(
             for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
         ],
     }
-    write_model_card(model_dir, model.config, settings, results, source_lang, target_lang, dataset_name, sources[0])
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    model_dir = output_dir / "model"
+
+    def write_model_folder(folder: Path) -> None:
+        save_model_folder(model, tokenizer, folder)
+        card_fields = (model.config, settings, results, source_lang, target_lang, dataset_name, sources[0])
+        write_model_card(folder, *card_fields, model_name=model_dir.name)
+
+    replace_folder(model_dir, write_model_folder)
+    write_text_atomically(output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     plot_training_curves(trainer.state.log_history, output_dir / "training_curves.png")
     return results
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name as lscpu prints it (from /proc/cpuinfo on Linux), else what the platform reports."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def write_model_card(
@@ -279,10 +418,12 @@ def write_model_card(
     target_lang: str,
     dataset_name: str,
     example_source: str,
+    model_name: str | None = None,
 ) -> Path:
     """Fill the package's model_card.md template into `model_dir/README.md` (the Hub's model card).
 
-    The decoding it describes is the one saved in `model_dir/generation_config.json`.
+    The decoding it describes is the one saved in `model_dir/generation_config.json`. `model_name` defaults to the
+    folder's name (give it when writing into a temporary folder).
     """
     decoding = GenerationConfig.from_pretrained(model_dir)
     rows = [
@@ -304,12 +445,18 @@ def write_model_card(
         target_lang=target_lang,
         dataset=dataset_name,
         dataset_title=dataset_name,
-        model_name=model_dir.name,
+        model_name=model_name or model_dir.name,
         bleu=results["bleu"],
         chrf=results["chrf"],
         tokenized_bleu=results["tokenized_bleu"],
         bleu_signature=results["bleu_signature"],
         example_source=example_source.replace('"', '\\"'),
+        measured_on=(
+            f"Measured with `{results['command']}` on {results['cpu']} (a seeded run's scores differ slightly between "
+            "CPU models)."
+            if "cpu" in results
+            else ""
+        ),
         settings_table="\n".join(f"| {name} | {paper} | {ours} |" for name, paper, ours in rows),
         deviations=", ".join(deviations) + "." if deviations else "none.",
         decoding=(

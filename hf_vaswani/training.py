@@ -6,17 +6,31 @@ and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here becau
 about `max_tokens` source and target tokens (§5.1) and the exact learning-rate formula (§5.3, Eq. 3).
 """
 
+import json
+import logging
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from datasets import Dataset, DatasetDict
+from safetensors import SafetensorError, safe_open
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from .averaging import average_checkpoints, last_checkpoints
 from .batching import TokenBatchSampler
+
+logger = logging.getLogger(__name__)
+
+# What Trainer needs to continue a run exactly; it silently starts afresh (new Adam moments, schedule from step 0 or
+# new random state) where one is missing, so a checkpoint without all of them is not one to resume from.
+CHECKPOINT_ARCHIVES = ("optimizer.pt", "scheduler.pt")  # torch.save zip archives
+INCOMPLETE_PREFIX = "incomplete-"  # not `checkpoint-*`: Trainer's rotation and the averaging never see these folders
 
 
 def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
@@ -80,6 +94,80 @@ def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenize
     return corpus.map(encode, batched=True, remove_columns=columns, desc="Tokenizing")
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file in the same directory, renamed over it when complete."""
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def replace_folder(folder: Path, write: Callable[[Path], object]) -> Path:
+    """Let `write` fill a temporary folder next to `folder`, then swap it in: a killed run leaves the old folder whole.
+
+    A directory cannot be renamed over a non-empty one, so the old folder steps aside for the two renames in between.
+    """
+    temporary = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    write(temporary)
+    previous = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        os.replace(folder, previous)
+    os.replace(temporary, folder)
+    shutil.rmtree(previous, ignore_errors=True)
+    return folder
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why `checkpoint` cannot be resumed from (a file missing or cut short), or None when it is complete.
+
+    Reads headers and archive directories only (cheap at any model size): a save killed midway leaves files missing or
+    truncated, which these catch; they do not verify every byte.
+    """
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"trainer_state.json: {type(error).__name__}"
+    try:
+        with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
+            weights.keys()
+    except (OSError, SafetensorError) as error:
+        return f"model.safetensors: {' '.join(str(error).split()) or type(error).__name__}"
+    random_states = sorted(path.name for path in checkpoint.glob("rng_state*.pth"))
+    if not random_states:
+        return "no rng_state*.pth"
+    for name in (*CHECKPOINT_ARCHIVES, *random_states):
+        try:
+            zipfile.ZipFile(checkpoint / name).close()
+        except (OSError, zipfile.BadZipFile) as error:
+            return f"{name}: {type(error).__name__}"
+    return None
+
+
+def newest_complete_checkpoint(checkpoint_dir: str | Path, move_aside: bool = True) -> Path | None:
+    """The `checkpoint-<step>` folder with the highest step that is complete, or None when there is none.
+
+    Each newer incomplete one (a run killed while saving) is logged in one line naming it, why and the fallback, and
+    with `move_aside` renamed to `incomplete-checkpoint-<step>`, where neither Trainer's rotation nor the averaging
+    picks it up; it is kept for inspection rather than deleted.
+    """
+    checkpoints = [path for path in Path(checkpoint_dir).glob("checkpoint-*") if path.name.split("-")[1].isdigit()]
+    newest_first = sorted(checkpoints, key=lambda path: int(path.name.split("-")[1]), reverse=True)
+    for index, checkpoint in enumerate(newest_first):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        fallback = (
+            f"resuming from {newest_first[index + 1].name}" if index + 1 < len(newest_first) else "starting afresh"
+        )
+        if move_aside:
+            aside = checkpoint.with_name(INCOMPLETE_PREFIX + checkpoint.name)
+            shutil.rmtree(aside, ignore_errors=True)  # an older broken copy of the same step
+            os.replace(checkpoint, aside)
+            fallback = f"moved to {aside.name}; {fallback}"
+        logger.warning(f"{checkpoint} is incomplete ({problem}); {fallback}")
+    return None
+
+
 class VaswaniTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's token-based batches (§5.1) and learning-rate schedule (§5.3, Eq. 3).
 
@@ -129,6 +217,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.lr_scheduler = paper_lr_scheduler(optimizer or self.optimizer, self.model.config.d_model, warmup)
         return self.lr_scheduler
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # A checkpoint stores a tied weight once, under its source (lm_head.weight is the shared embedding): resuming
+        # loads it with strict=False, which reports the tied copies as missing although they were loaded through it.
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        missing = set(load_result.missing_keys)
+        falsely_missing = {target for target, source in tied.items() if target in missing and source not in missing}
+        if falsely_missing:
+            self.model.tie_weights()
+            load_result = load_result._replace(
+                missing_keys=[key for key in load_result.missing_keys if key not in falsely_missing]
+            )
+        super()._issue_warnings_after_load(load_result)
+
 
 class CheckpointAveragingCallback(TrainerCallback):
     """§6.1: at the end of training, average the last `num_checkpoints` saved checkpoints into `output_dir/averaged`.
@@ -144,4 +245,6 @@ class CheckpointAveragingCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs) -> None:
         if state.is_world_process_zero:
             checkpoints = last_checkpoints(args.output_dir, self.num_checkpoints)
-            self.averaged_path = average_checkpoints(checkpoints, Path(args.output_dir) / self.subdirectory)
+            self.averaged_path = replace_folder(
+                Path(args.output_dir) / self.subdirectory, lambda folder: average_checkpoints(checkpoints, folder)
+            )

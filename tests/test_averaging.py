@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,31 @@ def test_bad_inputs_are_refused(run: tuple[Path, list], tmp_path: Path) -> None:
         average_checkpoints([output_dir / "checkpoint-5", output_dir / "checkpoint-10"], output_dir / "checkpoint-10")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         average_checkpoints([tmp_path], tmp_path / "out")
+
+
+def test_checkpoints_with_different_tokenizers_are_refused(tmp_path: Path) -> None:
+    for seed, (name, vocabulary) in enumerate([("a", '{"red": 4}'), ("b", '{"red": 5}')]):
+        tiny_model(seed).save_pretrained(tmp_path / name)
+        (tmp_path / name / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+        (tmp_path / name / "tokenizer.json").write_text(vocabulary)
+    with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different tokenizers: tokenizer.json differs"):
+        average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "averaged")
+
+
+def test_checkpoints_with_different_configs_are_refused(tmp_path: Path) -> None:
+    tiny_model(0).save_pretrained(tmp_path / "a")
+    tiny_model(1, label_smoothing=0.2).save_pretrained(tmp_path / "b")  # same tensors, another model
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    (tmp_path / "a" / "config.json").write_text(json.dumps(config | {"transformers_version": "0.0"}))  # irrelevant
+    with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different configs: \['label_smoothing'\]"):
+        average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "averaged")
+
+
+def test_truncated_weights_are_refused_naming_the_file(run: tuple[Path, list], tmp_path: Path) -> None:
+    output_dir, _ = run
+    truncated = tmp_path / "truncated"
+    shutil.copytree(output_dir / "checkpoint-10", truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=rf"{weights} is not a readable safetensors file"):
+        average_checkpoints([output_dir / "checkpoint-5", truncated], tmp_path / "averaged")

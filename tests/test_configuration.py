@@ -1,5 +1,7 @@
 """Config validation, the paper's presets and their parameter counts (Table 3), and Auto-class registration."""
 
+import re
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -40,6 +42,49 @@ from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniMo
 def test_invalid_values_are_refused_naming_the_field(overrides: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         VaswaniConfig(**overrides)
+
+
+NON_FINITE = [
+    (field, value)
+    for field in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing", "layer_norm_eps")
+    for value in (float("nan"), float("inf"))
+]
+
+
+@pytest.mark.parametrize(("field", "value"), NON_FINITE)
+def test_non_finite_numbers_are_refused_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be a finite number, got {value}$"):
+        VaswaniConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("key", "message"), [("d_modle", "; did you mean 'd_model'?"), ("colour", "")])
+def test_unknown_keys_are_refused_naming_the_key(key: str, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"^VaswaniConfig has no key '{key}'{re.escape(message)}$"):
+        VaswaniConfig(**{key: 32})
+
+
+def test_keys_that_transformers_passes_or_saves_are_accepted(tmp_path) -> None:
+    transformers_keys = dict(
+        torch_dtype="float32",
+        dtype="float32",
+        architectures=["VaswaniForConditionalGeneration"],
+        auto_map={"AutoConfig": "configuration_vaswani.VaswaniConfig"},
+        transformers_version="5.23.0",
+        custom_pipelines={},
+        _name_or_path="somewhere",
+        return_dict=False,
+        output_attentions=True,
+        attn_implementation="eager",
+        num_beams=4,  # a generation setting saved in config.json by old versions: transformers drops it
+        hidden_size=32,  # attribute_map's name of d_model
+    )
+    config = VaswaniConfig(**transformers_keys, num_heads=2, vocab_size=40)
+    assert config.d_model == 32 and config.return_dict is False and config.output_attentions
+    model = VaswaniForConditionalGeneration(config)
+    model.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path, output_attentions=False).d_model == 32
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype="float32", attn_implementation="eager")
+    assert loaded.config.to_diff_dict() == AutoConfig.from_pretrained(tmp_path).to_diff_dict()
 
 
 def test_d_k_and_d_v_are_free_when_given() -> None:

@@ -125,6 +125,47 @@ def test_bad_files_name_the_file_and_line(tmp_path, files, spec, bad_file, line)
     assert re.search(rf"\bline {line}\b", message), message
 
 
+NUL_FILES = [
+    ("all NUL bytes", {"a.en": b"\0" * 64, "a.de": b"eins\n"}, PARALLEL, "a.en", 1, 1),
+    ("NUL gzip", {"b.en.gz": b"one\ntwo\n", "b.de.gz": b"eins\nzw\0ei\n"}, ("b.en.gz", "b.de.gz"), "b.de.gz", 2, 3),
+    ("UTF-16", {"a.en": "one\n".encode("utf-16-le"), "a.de": b"eins\n"}, PARALLEL, "a.en", 1, 2),
+    ("tsv NUL", {"c.tsv": b"one\teins\n\0\0\0\t\0\n"}, "c.tsv", "c.tsv", 2, 1),
+    (
+        "jsonl NUL",
+        {"d.jsonl": b'{"source": "a", "target": "b"}\n{"source": "a\0", "target": "b"}\n'},
+        "d.jsonl",
+        "d.jsonl",
+        2,
+        14,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("files", "spec", "bad_file", "line", "column"), [c[1:] for c in NUL_FILES], ids=[c[0] for c in NUL_FILES]
+)
+def test_nul_bytes_are_refused_naming_the_file_line_and_column(tmp_path, files, spec, bad_file, line, column):
+    for name, data in files.items():
+        _write(tmp_path / name, data)
+    with pytest.raises(
+        ValueError, match=rf"{re.escape(bad_file)}, line {line}: NUL byte at column {column}; not a text"
+    ):
+        if isinstance(spec, tuple):
+            load_parallel_files(tmp_path / spec[0], tmp_path / spec[1])
+        else:
+            load_corpus("files", train=tmp_path / spec)
+
+
+def test_only_line_feed_ends_a_line(tmp_path):
+    # A lone CR (old Mac line end, or a stray control character) stays inside its line: splitting on it would shift
+    # every later line of one side against the other.
+    source = _write(tmp_path / "a.en", b"one\rhalf\ntwo\r\n")
+    target = _write(tmp_path / "a.de", b"eins\nzwei\n")
+    assert load_parallel_files(source, target)["source"] == ["one\rhalf", "two"]
+    tsv = _write(tmp_path / "c.tsv", b"one\rhalf\teins\r\ntwo\tzwei\n")
+    assert load_tsv(tsv)["source"] == ["one\rhalf", "two"] and load_tsv(tsv)["target"] == ["eins", "zwei"]
+
+
 @pytest.mark.parametrize(("source_lines", "target_lines"), [(3, 2), (2, 4)])
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path, source_lines, target_lines):
     source = _write(tmp_path / "m.en", _lines([f"s{i}" for i in range(source_lines)]))

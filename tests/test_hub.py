@@ -7,13 +7,15 @@ import torch
 from helpers import run_without_hf_vaswani
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 
-from hf_vaswani import VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
 from hf_vaswani.cli import main
 from hf_vaswani.hub import upload_plan
 from hf_vaswani.recipe import RecipeSettings, write_model_card
+from hf_vaswani.tokenization import train_shared_bpe
 
 PUBLISHED = {
     "README.md",
+    "checks_vaswani.py",
     "config.json",
     "configuration_vaswani.py",
     "fast_paths_vaswani.py",
@@ -71,6 +73,8 @@ def test_push_sends_exactly_the_loadable_files(tmp_path, publishable, monkeypatc
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
     (publishable / "optimizer.pt").unlink(missing_ok=True)
     (publishable / "notes.log").write_text("not part of a model")
+    (publishable / "notes.txt").write_text("not part of a model either")
+    (publishable / "credentials.json").write_text('{"token": "hf_secret"}')
     main(["push", str(publishable), "someone/capitaliser"])
 
     assert recorded["repo"][0] == "someone/capitaliser"
@@ -92,6 +96,58 @@ def test_pickled_weights_or_incomplete_folders_are_refused(publishable) -> None:
     (publishable / "README.md").unlink()
     with pytest.raises(ValueError, match="README.md"):
         upload_plan(publishable)
+
+
+@pytest.fixture
+def untrained_folder(tmp_path):
+    """A complete model folder of an untrained tiny model: the plan's checks need no trained weights."""
+    tokenizer = train_shared_bpe(["red cat sun", "green tree"] * 5, vocab_size=270, min_frequency=1)
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer), d_model=16, d_ff=32, num_heads=2, encoder_layers=1, decoder_layers=1
+    )
+    folder = tmp_path / "untrained"
+    save_model_folder(VaswaniForConditionalGeneration(config), tokenizer, folder)
+    (folder / "README.md").write_text("a model card")
+    return folder
+
+
+def test_the_plan_leaves_out_every_file_a_model_folder_does_not_need(untrained_folder) -> None:
+    (untrained_folder / "credentials.json").write_text('{"token": "hf_secret"}')
+    (untrained_folder / "notes.txt").write_text("private notes")
+    (untrained_folder / "vocab.txt").write_text("a stale vocabulary the tokenizer does not use")
+    assert {path.name for path in upload_plan(untrained_folder)} == PUBLISHED
+
+
+@pytest.mark.parametrize("removed", [("tokenizer.json",), ("tokenizer.json", "tokenizer_config.json")])
+def test_a_folder_without_a_loadable_tokenizer_is_refused(untrained_folder, removed: tuple[str, ...]) -> None:
+    for name in removed:
+        (untrained_folder / name).unlink()
+    with pytest.raises(ValueError, match=r"no loadable tokenizer \(missing \[.*'tokenizer.json'"):
+        upload_plan(untrained_folder)
+
+
+def test_a_tokenizer_file_the_tokenizer_writes_is_required(untrained_folder) -> None:
+    (untrained_folder / "tokenizer_config.json").unlink()  # the tokenizer still loads from tokenizer.json alone
+    with pytest.raises(ValueError, match=r"missing tokenizer files \['tokenizer_config.json'\]"):
+        upload_plan(untrained_folder)
+
+
+def test_sharded_weights_are_the_index_and_the_shards_it_names(untrained_folder) -> None:
+    model = VaswaniForConditionalGeneration.from_pretrained(untrained_folder)
+    (untrained_folder / "model.safetensors").unlink()
+    model.save_pretrained(untrained_folder, max_shard_size="20KB")
+    shards = {path.name for path in untrained_folder.glob("model-*.safetensors")}
+    assert len(shards) > 1
+    (untrained_folder / "model-99999-of-99999.safetensors").write_bytes(b"a stray shard no index names")
+    names = {path.name for path in upload_plan(untrained_folder)}
+    assert names == PUBLISHED - {"model.safetensors"} | {"model.safetensors.index.json"} | shards
+    first_shard = untrained_folder / sorted(shards)[0]
+    first_shard.unlink()
+    with pytest.raises(ValueError, match=rf"missing \['{first_shard.name}'\]"):
+        upload_plan(untrained_folder)
+    (untrained_folder / "model.safetensors.index.json").unlink()
+    with pytest.raises(ValueError, match=r"missing \['model.safetensors'\]"):
+        upload_plan(untrained_folder)
 
 
 def test_every_code_file_that_save_pretrained_writes_is_required(publishable) -> None:

@@ -201,6 +201,118 @@ def test_learned_positions_are_trainable_and_refuse_overlong_input(tiny_config_k
         model(input_ids=long_source, attention_mask=long_mask, decoder_input_ids=source)
 
 
+# --- inconsistent inputs are refused before anything is computed ---------------------------------------------------
+
+
+def ids(*shape: int, value: int = 5) -> torch.Tensor:
+    return torch.full(shape, value, dtype=torch.long)
+
+
+BAD_INPUTS = [
+    (
+        "decoder batch",
+        dict(input_ids=ids(2, 7), decoder_input_ids=ids(4, 5)),
+        r"decoder input shape \(4, 5\) and source shape \(2, 7\) have different batch sizes",
+    ),
+    (
+        "labels length",
+        dict(input_ids=ids(2, 7), decoder_input_ids=ids(2, 5), labels=ids(2, 3)),
+        r"labels shape \(2, 3\) does not match the decoder input shape \(2, 5\)",
+    ),
+    (
+        "labels batch",
+        dict(input_ids=ids(2, 7), labels=ids(3, 5)),
+        r"decoder input shape \(3, 5\) and source shape \(2, 7\) have different batch sizes",
+    ),
+    (
+        "attention_mask batch",
+        dict(input_ids=ids(2, 7), attention_mask=ids(3, 7, value=1), decoder_input_ids=ids(2, 5)),
+        r"attention_mask shape \(3, 7\) does not match the source shape \(2, 7\)",
+    ),
+    (
+        "attention_mask length",
+        dict(input_ids=ids(2, 7), attention_mask=ids(2, 6, value=1), decoder_input_ids=ids(2, 5)),
+        r"attention_mask shape \(2, 6\) does not match the source shape \(2, 7\)",
+    ),
+    (
+        "decoder_attention_mask",
+        dict(input_ids=ids(2, 7), decoder_input_ids=ids(2, 5), decoder_attention_mask=ids(3, 5, value=1)),
+        r"decoder_attention_mask shape \(3, 5\) does not match the decoder input shape \(2, 5\) after 0 cached",
+    ),
+    (
+        "source id too large",
+        dict(input_ids=ids(2, 7, value=61), decoder_input_ids=ids(2, 5)),
+        r"input_ids holds id 61, outside the vocabulary \[0, 61\)",
+    ),
+    (
+        "negative decoder id",
+        dict(input_ids=ids(2, 7), decoder_input_ids=ids(2, 5, value=-1)),
+        r"decoder_input_ids holds id -1, outside the vocabulary \[0, 61\)",
+    ),
+    (
+        "label id",
+        dict(input_ids=ids(2, 7), labels=ids(2, 5, value=99)),
+        r"labels holds id 99, outside the vocabulary \[0, 61\)",
+    ),
+    (
+        "empty batch",
+        dict(input_ids=ids(0, 7), decoder_input_ids=ids(0, 5)),
+        r"empty input: source shape \(0, 7\), decoder input shape \(0, 5\)",
+    ),
+    (
+        "zero-length source",
+        dict(input_ids=ids(2, 0), decoder_input_ids=ids(2, 5)),
+        r"empty input: source shape \(2, 0\), decoder input shape \(2, 5\)",
+    ),
+    (
+        "zero-length target",
+        dict(input_ids=ids(2, 7), decoder_input_ids=ids(2, 0)),
+        r"empty input: source shape \(2, 7\), decoder input shape \(2, 0\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("inputs", "message"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_inconsistent_inputs_are_refused_naming_the_shapes(
+    tiny_config_kwargs: dict, inputs: dict, message: str
+) -> None:
+    model = make_model(**tiny_config_kwargs).train()
+    with pytest.raises(ValueError, match=message):
+        model(**inputs)
+
+
+def test_encoder_outputs_admit_a_multiple_of_their_batch_only(tiny_config_kwargs: dict) -> None:
+    # While generating, the beams of each sentence share its encoder states: 2 sentences x 3 beams
+    model = make_model(**tiny_config_kwargs)
+    source, mask = padded_batch(model.config.vocab_size, [7, 4])
+    encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=mask)
+    shared = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids(6, 5)).logits
+    copied = model(
+        input_ids=source.repeat_interleave(3, 0),
+        attention_mask=mask.repeat_interleave(3, 0),
+        decoder_input_ids=ids(6, 5),
+    ).logits
+    torch.testing.assert_close(shared, copied)
+    with pytest.raises(ValueError, match=r"decoder input shape \(5, 5\): its batch is not a multiple of the encoder"):
+        model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids(5, 5))
+    with pytest.raises(ValueError, match=r"attention_mask shape \(6, 7\) does not match the source shape \(2, 7\)"):
+        model(encoder_outputs=encoder_outputs, attention_mask=mask.repeat(3, 1), decoder_input_ids=ids(6, 5))
+
+
+def test_generate_refuses_ids_outside_the_vocabulary(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    with pytest.raises(ValueError, match=r"input_ids holds id 70, outside the vocabulary \[0, 61\)"):
+        model.generate(ids(2, 7, value=70), max_new_tokens=3)
+    generated = model.generate(ids(2, 7), num_beams=3, num_return_sequences=2, max_new_tokens=3)
+    assert generated.shape[0] == 4
+
+
+def test_base_model_refuses_inconsistent_batches(tiny_config_kwargs: dict) -> None:
+    model = VaswaniModel(VaswaniConfig(**tiny_config_kwargs)).eval()
+    with pytest.raises(ValueError, match=r"decoder input shape \(4, 5\) and source shape \(2, 7\)"):
+        model(input_ids=ids(2, 7), decoder_input_ids=ids(4, 5))
+
+
 # --- weight sharing (§3.4) -------------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +195,10 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     assert written["steps"] == 20 and 0 <= written["bleu"] <= 100 and "chrf" in written
     assert (tmp_path / "training_curves.png").stat().st_size > 10_000
     card = (tmp_path / "model" / "README.md").read_text()
+    # the scores name the CPU that produced them (lscpu's "Model name" is /proc/cpuinfo's "model name")
+    cpu_lines = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+    if cpu_lines:
+        assert results["cpu"] == cpu_lines[0].partition(":")[2].strip() and results["cpu"] in card
     assert card.startswith("---\n") and f"value: {results['bleu']}" in card and "$" not in card.split("---")[1]
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
