@@ -61,7 +61,12 @@ def check_inputs(
             "different batch sizes"
         )
     expected_decoder_mask = (target.shape[0], past_length + target.shape[1])
-    if decoder_attention_mask is not None and decoder_attention_mask.shape != expected_decoder_mask:
+    # a 4D mask is one transformers already built for a static cache (rows, 1, queries, cache length): taken as given
+    if (
+        decoder_attention_mask is not None
+        and decoder_attention_mask.ndim == 2
+        and (decoder_attention_mask.shape != expected_decoder_mask)
+    ):
         raise ValueError(
             f"decoder_attention_mask shape {tuple(decoder_attention_mask.shape)} does not match the decoder input "
             f"shape {tuple(target.shape[:2])} after {past_length} cached positions"

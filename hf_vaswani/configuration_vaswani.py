@@ -58,6 +58,9 @@ class VaswaniConfig(PreTrainedConfig):
         tie_word_embeddings: the pre-softmax projection shares the target embedding matrix (§3.4).
         scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
         output_bias: a bias on the pre-softmax projection; not in the paper, present in converted Marian checkpoints.
+        loss_without_logits: with labels and gradients on, compute the loss chunk by chunk without ever holding the
+            full-vocabulary logits, and return `logits=None` (loss_vaswani.py). Off by default, so that `forward`
+            returns logits like any transformers model; the training recipe's trainer turns it on while it trains.
     """
 
     model_type = "vaswani"
@@ -88,6 +91,7 @@ class VaswaniConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     scale_embedding: bool = True
     output_bias: bool = False
+    loss_without_logits: bool = False
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2

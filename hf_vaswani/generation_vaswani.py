@@ -19,6 +19,7 @@ import math
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .fast_paths_vaswani import packed_decoder_weights
@@ -67,19 +68,31 @@ class PaperDecodingMixin:
         self._length_penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
         if self._length_penalty_type not in ("gnmt", "power"):
             raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
+        # A static cache is allocated with one cross-attention row per beam, so the beams cannot share one there.
+        cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+        given_cache = kwargs.get("past_key_values")
+        self._share_encoder_states = cache_implementation in (None, "dynamic") and (
+            given_cache is None or isinstance(getattr(given_cache, "cross_attention_cache", None), DynamicCache)
+        )
         # the decoder's and output projection's weights are multiplied at every step: packed once for this call
         with packed_decoder_weights([self.get_decoder(), self.get_output_embeddings()]):
-            return super().generate(inputs, generation_config, **kwargs)
+            output = super().generate(inputs, generation_config, **kwargs)
+        if isinstance(getattr(output, "past_key_values", None), EncoderDecoderCache):
+            copy_shared_cross_attention_cache(output.past_key_values)
+        return output
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
         # transformers copies the encoder states and source mask num_beams times; the beams of a sentence share them
         # instead (cross-attention groups their queries), which saves the copies and reordering them every step.
+        if not getattr(self, "_share_encoder_states", True):
+            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, **model_kwargs)
         shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
         input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, **model_kwargs)
         return input_ids, {**model_kwargs, **shared}
 
     def _reorder_cache(self, past_key_values, beam_idx: torch.LongTensor):
-        # Beam search moves hypotheses only among the beams of one sentence: the shared cross-attention cache stays.
+        # Beam search moves hypotheses only among the beams of one sentence, whose cross-attention keys and values are
+        # the same (shared or copied): only the self-attention cache needs reordering.
         past_key_values.self_attention_cache.reorder_cache(beam_idx)
         return past_key_values
 
@@ -127,6 +140,18 @@ class PaperDecodingMixin:
             length_penalty=exponent,
             **kwargs,
         )
+
+
+def copy_shared_cross_attention_cache(cache: EncoderDecoderCache) -> None:
+    """Gives the cross-attention cache one row per decoder row, as stock tools expect of a cache `generate` returns.
+
+    While generating, the beams (or returned sequences) of a sentence share one row of encoder keys and values
+    (attend_with_shared_source); the cache handed back to the caller holds the copies transformers would have made.
+    """
+    batch_size = cache.self_attention_cache.layers[0].keys.shape[0] if cache.self_attention_cache.layers else 0
+    for layer in cache.cross_attention_cache.layers:
+        if getattr(layer, "keys", None) is not None and 0 < layer.keys.shape[0] < batch_size:
+            layer.batch_repeat_interleave(batch_size // layer.keys.shape[0])
 
 
 def paper_generation_config(config, **overrides) -> GenerationConfig:

@@ -36,7 +36,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .checks_vaswani import check_inputs, check_labels, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source
-from .generation_vaswani import PaperDecodingMixin, paper_generation_config
+from .generation_vaswani import PaperDecodingMixin
 from .loss_vaswani import label_smoothed_loss
 from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
 
@@ -274,6 +274,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
     _supports_sdpa = True
+    _can_compile_fullgraph = True  # a static cache makes the decoding step one graph (tests/test_static_cache.py)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -499,7 +500,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             source = "encoder" if config.share_embeddings else "decoder"
             self._tied_weights_keys["lm_head.weight"] = f"model.{source}.embeddings.embed_tokens.weight"
         self.post_init()
-        self.generation_config = paper_generation_config(config)  # §6.1 decoding unless a saved config says otherwise
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -530,6 +530,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -537,6 +538,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             the decoder is fed the labels shifted right behind `decoder_start_token_id`.
         num_items_in_batch: number of target tokens in the whole (accumulated) batch, passed by Trainer; the summed
             loss is divided by it so that gradient accumulation equals one large batch.
+        logits_to_keep: logits for the last this many positions only (0: all), or for the positions this tensor
+            indexes; `generate` asks for the last one. The loss still covers every labelled position.
         """
         if labels is not None:
             check_labels(
@@ -560,9 +563,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             **kwargs,
         )
         logits = loss = None
-        if labels is None or not torch.is_grad_enabled():
-            logits = self.lm_head(outputs.last_hidden_state)
-        if labels is not None:  # §5.4; in training without full-vocabulary logits (loss_vaswani.py)
+        if labels is None or not (self.config.loss_without_logits and torch.is_grad_enabled()):
+            positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(outputs.last_hidden_state[:, positions])
+        if labels is not None:  # §5.4; from the logits when they cover every position, else chunk by chunk
             loss = label_smoothed_loss(
                 outputs.last_hidden_state,
                 self.lm_head,
@@ -570,7 +574,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
                 self.config.label_smoothing,
                 self.config.pad_token_id,
                 num_items_in_batch,
-                logits,
+                logits if isinstance(logits_to_keep, int) and logits_to_keep == 0 else None,
             )
         return Seq2SeqLMOutput(
             loss=loss,

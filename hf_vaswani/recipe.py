@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig
 
 from . import save_model_folder
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import paper_generation_config
 from .inference import translate_and_score
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
@@ -255,7 +256,8 @@ DEMO_SETTINGS = RecipeSettings(
 def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
     """The configured model with the tokenizer's vocabulary and special ids, and the settings' decoding.
 
-    The model's generation config starts as the paper's (the model sets it); only the decoding settings given go on top.
+    The model's generation config is the paper's (§6.1; a new model has transformers' defaults), with the decoding
+    settings given on top; the checkpoints and the final model folder carry it.
     """
     config = model_config(
         settings,
@@ -268,7 +270,7 @@ def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) ->
     decoding = {
         name: value for name in ("num_beams", "length_penalty") if (value := getattr(settings, name)) is not None
     }
-    model.generation_config.update(**decoding)
+    model.generation_config = paper_generation_config(config, **decoding)
     return model
 
 

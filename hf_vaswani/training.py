@@ -209,6 +209,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
             shard.num_processes, shard.process_index = 1, 0
         return loader
 
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        # Training reads only the loss: the model then never holds the full-vocabulary logits (loss_vaswani.py).
+        # Scoped to this call, so that the saved config keeps forward's default of returning logits.
+        config = self.accelerator.unwrap_model(model).config
+        previous, config.loss_without_logits = config.loss_without_logits, not return_outputs
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            config.loss_without_logits = previous
+
     def create_scheduler(
         self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
     ) -> torch.optim.lr_scheduler.LRScheduler:

@@ -446,9 +446,9 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
     source, source_mask = padded_batch(61, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])  # -100 and the padding id are both ignored
     out = model(input_ids=source, attention_mask=source_mask, labels=labels)
-    assert out.logits is None  # with gradients on, the loss is computed without full-vocabulary logits
     decoder_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
     logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits
+    torch.testing.assert_close(out.logits, logits)  # with gradients on too, like any transformers model
     log_probs = logits.double().log_softmax(-1)
     eps, vocab, total, count = 0.1, 61, 0.0, 0
     for b in range(2):
@@ -468,6 +468,38 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
         evaluated = model(input_ids=source, attention_mask=source_mask, labels=labels)
     torch.testing.assert_close(evaluated.logits, logits)
     torch.testing.assert_close(evaluated.loss, out.loss)
+
+
+def test_loss_without_logits_is_an_explicit_choice_with_the_same_loss_and_gradients(tiny_config_kwargs: dict) -> None:
+    source, source_mask = padded_batch(61, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])
+    results = []
+    for loss_without_logits in (False, True):
+        model = make_model(**tiny_config_kwargs, label_smoothing=0.1, loss_without_logits=loss_without_logits)
+        out = model(input_ids=source, attention_mask=source_mask, labels=labels)
+        out.loss.backward()
+        results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (with_logits, grads), (chunked, chunked_grads) = results
+    assert with_logits.logits is not None and chunked.logits is None  # the chunked loss never holds all logits
+    torch.testing.assert_close(chunked.loss, with_logits.loss)
+    assert grads.keys() == chunked_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(chunked_grads[name], grads[name], msg=name)
+    with torch.no_grad():  # evaluation returns logits either way
+        assert model(input_ids=source, attention_mask=source_mask, labels=labels).logits is not None
+
+
+def test_logits_to_keep_gives_the_last_positions_and_the_same_loss(tiny_config_kwargs: dict) -> None:
+    model = make_model(**tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])
+    full = model(input_ids=source, attention_mask=source_mask, labels=labels)
+    last = model(input_ids=source, attention_mask=source_mask, labels=labels, logits_to_keep=1)
+    assert last.logits.shape == (2, 1, 61)
+    torch.testing.assert_close(last.logits, full.logits[:, -1:])
+    torch.testing.assert_close(last.loss, full.loss)
+    picked = model(input_ids=source, attention_mask=source_mask, labels=labels, logits_to_keep=torch.tensor([0, 2]))
+    torch.testing.assert_close(picked.logits, full.logits[:, [0, 2]])
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
