@@ -213,7 +213,20 @@ def check_batch_size(batch_size: int) -> None:
 
 
 def command_translate(args: argparse.Namespace) -> None:
-    from .inference import load_model_folder, read_sentences, translate, write_lines, write_lines_atomically
+    from .inference import (
+        align_nbest,
+        align_pairs,
+        alignment_text,
+        check_alignment_layer,
+        check_nbest,
+        load_model_folder,
+        nbest_lines,
+        read_sentences,
+        translate,
+        translate_nbest,
+        write_lines,
+        write_lines_atomically,
+    )
 
     # Everything that can be checked is checked before the model is loaded and the input translated.
     if args.input:
@@ -222,17 +235,62 @@ def command_translate(args: argparse.Namespace) -> None:
         check_output_file(args.output, "--output")
     check_batch_size(args.batch_size)
     options = generation_options(args)
+    if args.nbest is not None:
+        check_nbest(args.nbest, options.get("num_beams"))
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    if args.alignments:
+        check_alignment_layer(model, args.alignment_layer)
     if args.input:
         with open(args.input, "rb") as source:
             sentences = read_sentences(source, str(args.input))
     else:
         sentences = read_sentences(sys.stdin.buffer, "standard input")
-    translations = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
-    if args.output:
-        write_lines_atomically(translations, args.output)
+    if args.nbest is not None:
+        nbest = translate_nbest(model, tokenizer, sentences, args.nbest, batch_size=args.batch_size, **options)
+        alignments = (
+            align_nbest(model, tokenizer, sentences, nbest, args.alignment_layer, args.batch_size)
+            if args.alignments
+            else None
+        )
+        lines = list(nbest_lines(nbest, alignments))
     else:
-        write_lines(translations, sys.stdout)
+        lines = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
+        if args.alignments:
+            alignments = align_pairs(model, tokenizer, sentences, lines, args.alignment_layer, args.batch_size)
+            lines = [f"{line} ||| {alignment_text(pairs)}" for line, pairs in zip(lines, alignments, strict=True)]
+    if args.output:
+        write_lines_atomically(lines, args.output)
+    else:
+        write_lines(lines, sys.stdout)
+
+
+def command_score(args: argparse.Namespace) -> None:
+    from .inference import (
+        load_model_folder,
+        read_sentences,
+        score_lines,
+        score_pairs,
+        write_lines,
+        write_lines_atomically,
+    )
+
+    check_input_file(args.source, "--source")
+    check_input_file(args.target, "--target")
+    if args.output:
+        check_output_file(args.output, "--output")
+    check_batch_size(args.batch_size)
+    with open(args.source, "rb") as source, open(args.target, "rb") as target:
+        sources, targets = read_sentences(source, str(args.source)), read_sentences(target, str(args.target))
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"--source {args.source} has {len(sources)} lines but --target {args.target} has {len(targets)}"
+        )
+    model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    scores = score_pairs(model, tokenizer, sources, targets, args.batch_size, args.normalize)
+    if args.output:
+        write_lines_atomically(score_lines(scores), args.output)
+    else:
+        write_lines(score_lines(scores), sys.stdout)
 
 
 def command_evaluate(args: argparse.Namespace) -> None:
@@ -317,6 +375,8 @@ def add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .inference import NORMALIZATIONS
+
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -349,6 +409,24 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
     translate.add_argument("--length-penalty", type=float, help="GNMT alpha; default: the model's (paper: 0.6)")
     translate.add_argument("--max-new-tokens", type=int, help="an absolute cap on top of source length + 50")
+    translate.add_argument(
+        "--nbest",
+        type=int,
+        metavar="K",
+        help="print the K best hypotheses of beam search per sentence, best first, in Moses' n-best format: "
+        "'i ||| hypothesis ||| LogProb= L Tokens= N ||| score', i the 0-based line number, L the sum of the token "
+        "log-probabilities beam search used, N the output tokens (</s> included), score = L / length penalty "
+        "(GNMT's ((5 + N) / 6)^alpha); beam size: --num-beams, at least K (default: the larger of K and the model's)",
+    )
+    translate.add_argument(
+        "--alignments",
+        action="store_true",
+        help="append ' ||| i-j ...' to each translation (or n-best line): source word i aligned to target word j "
+        "(0-based, whitespace-separated words), each target word to the source word it attends to most in the "
+        "encoder-decoder attention of --alignment-layer, averaged over heads, with the translation teacher-forced; "
+        "a target word's attention is the mean over its subword tokens, a source word's the sum over its tokens",
+    )
+    translate.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer, 0-based; -1 is the last")
     translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
     translate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
     translate.add_argument(
@@ -357,6 +435,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
     )
     translate.set_defaults(handler=command_translate)
+
+    score = commands.add_parser(
+        "score",
+        help="log-probability of given translations under the model (forced decoding)",
+        description="Score each target line as the translation of its source line. One output line per pair: "
+        "'score<TAB>log-probability<TAB>token log-probabilities', the log-probabilities natural logarithms, one per "
+        "target token (</s> included), and score the log-probability normalised by --normalize.",
+    )
+    score.add_argument("model", help="a saved model folder (or Hub id)")
+    score.add_argument("--source", required=True, type=Path, help="source sentences, one a line")
+    score.add_argument("--target", required=True, type=Path, help="their translations, line by line")
+    score.add_argument("--output", type=Path, help="default: stdout")
+    score.add_argument(
+        "--normalize",
+        choices=NORMALIZATIONS,
+        default="none",
+        help="score = the log-probability as is, per target token, or divided by the model's length penalty (as beam "
+        "search ranks hypotheses, so comparable with translate --nbest scores)",
+    )
+    score.add_argument("--batch-size", type=int, default=64)
+    score.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    score.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
+    score.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
+    )
+    score.set_defaults(handler=command_score)
 
     evaluate = commands.add_parser(
         "evaluate", help="translate a test set and score it: sacreBLEU, chrF2, tokenized BLEU"
