@@ -328,6 +328,17 @@ def command_convert(args: argparse.Namespace) -> None:
     print(args.output)
 
 
+def command_export(args: argparse.Namespace) -> None:
+    from .export import decoding_note, write_ctranslate2
+    from .inference import load_model_folder
+
+    with new_folder(args.output, "output folder") as temporary:  # refuses an existing folder before loading
+        model, tokenizer = load_model_folder(args.model)
+        write_ctranslate2(model, tokenizer, temporary, args.quantization)
+    print(args.output)
+    print(decoding_note(model.generation_config), file=sys.stderr)  # CTranslate2 models carry no decoding settings
+
+
 def command_push(args: argparse.Namespace) -> None:
     import httpx2  # huggingface_hub's HTTP client: its connection errors are not OSErrors
 
@@ -497,6 +508,18 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source", type=Path, help="a saved MarianMTModel or FSMTForConditionalGeneration folder")
     convert.add_argument("output", type=Path)
     convert.set_defaults(handler=command_convert)
+
+    export = commands.add_parser("export", help="write a CTranslate2 model (and our tokenizer) translating the same")
+    export.add_argument("--to", dest="target", choices=["ctranslate2"], required=True, help="the target format")
+    export.add_argument("model", help="a saved model folder (or Hub id)")
+    export.add_argument("output", type=Path, help="a new folder")
+    export.add_argument(
+        "--quantization",
+        default="float32",
+        help="CTranslate2 weight type: float32 (default), int8, int8_float32, int8_float16, int8_bfloat16, int16, "
+        "float16, bfloat16",
+    )
+    export.set_defaults(handler=command_export)
 
     push = commands.add_parser("push", help="upload a model folder to the Hub (safetensors, code, tokenizer, card)")
     push.add_argument("folder", type=Path)

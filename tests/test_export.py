@@ -1,0 +1,277 @@
+"""Export to MarianMTModel and CTranslate2: the same function, checked against HF's MarianMTModel and CTranslate2's own
+decoding and scoring; whatever cannot be expressed is refused by name."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
+from hf_vaswani.cli import main
+from hf_vaswani.export import export_ctranslate2, to_marian, write_ctranslate2
+from hf_vaswani.generation_vaswani import paper_generation_config
+from hf_vaswani.tokenization import train_shared_bpe
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+WORDS = "red blue green cat dog tree sun moon house river stone bird fish cloud".split()
+# Greedy decoding is compared token for token, so every step must be decided by much more than float rounding
+# (~1e-5 between torch and CTranslate2 here): the toy model trains until its smallest top-1 vs top-2 logit gap on the
+# probe sentences is this large.
+CONFIDENT_LOGIT_GAP = 1.0
+PROBE = ["red cat sun", "blue dog moon river", "green tree", "bird fish cloud stone house", "sun sun moon"]
+MAX_NEW_TOKENS = 12
+
+
+def toy_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    """Copy-and-capitalise: 'red cat' -> 'RED CAT', 1-5 words."""
+    generator = random.Random(seed)
+    sentences = [" ".join(generator.choices(WORDS, k=generator.randint(1, 5))) for _ in range(count)]
+    return [(sentence, sentence.upper()) for sentence in sentences]
+
+
+def greedy_with_gap(model, tokenizer, sentences: list[str]) -> tuple[list[list[int]], float]:
+    """Our greedy outputs (without the start token) and the smallest top-1 vs top-2 logit gap over all their steps."""
+    outputs, gap = [], torch.inf
+    for sentence in sentences:
+        result = model.generate(
+            **tokenizer([sentence], return_tensors="pt"),
+            num_beams=1,
+            max_new_tokens=MAX_NEW_TOKENS,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        top2 = torch.cat(result.logits).topk(2, dim=-1).values
+        gap = min(gap, (top2[:, 0] - top2[:, 1]).min().item())
+        outputs.append(result.sequences[0, 1:].tolist())
+    return outputs, gap
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained on the toy task until it translates the probe sentences right with a wide logit gap."""
+    pairs = toy_pairs(5000, seed=0)
+    tokenizer = train_shared_bpe([text for pair in pairs for text in pair], vocab_size=400, min_frequency=1)
+    torch.manual_seed(0)
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer),
+        d_model=64,
+        d_ff=128,
+        num_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        label_smoothing=0.0,
+    )
+    model = VaswaniForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
+    generator = random.Random(0)
+    expected = [tokenizer(sentence.upper())["input_ids"] for sentence in PROBE]
+    gap = -torch.inf
+    for step in range(1, 2001):
+        batch = generator.sample(pairs, 32)
+        inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch], return_tensors="pt", padding=True)
+        inputs["labels"] = inputs["labels"].masked_fill(inputs["labels"] == tokenizer.pad_token_id, -100)
+        model.train()
+        loss = model(**inputs).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 50 == 0:
+            outputs, gap = greedy_with_gap(model.eval(), tokenizer, PROBE)
+            if outputs == expected and gap >= CONFIDENT_LOGIT_GAP:
+                print(f"trained: the criterion held after {step} steps, logit gap {gap:.2f}")  # shown with -s
+                model.generation_config = paper_generation_config(config)  # as the training recipe saves it
+                folder = tmp_path_factory.mktemp("trained") / "model"
+                save_model_folder(model, tokenizer, folder)
+                return model, tokenizer, folder
+    pytest.fail(f"the toy model did not learn the task in 2000 steps (smallest logit gap {gap:.2f})")
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    model, tokenizer, folder = trained
+    return export_ctranslate2(folder, tmp_path_factory.mktemp("ct2") / "float32")
+
+
+def ct2_tokens(tokenizer, sentences: list[str]) -> list[list[str]]:
+    return [tokenizer.convert_ids_to_tokens(tokenizer(sentence)["input_ids"]) for sentence in sentences]
+
+
+def test_ctranslate2_greedy_equals_ours_token_for_token(trained, exported):
+    model, tokenizer, _ = trained
+    ours, gap = greedy_with_gap(model, tokenizer, PROBE)
+    assert gap >= CONFIDENT_LOGIT_GAP
+    translator = ctranslate2.Translator(str(exported), intra_threads=1)
+    results = translator.translate_batch(
+        ct2_tokens(tokenizer, PROBE), beam_size=1, max_decoding_length=MAX_NEW_TOKENS, return_end_token=True
+    )
+    assert [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results] == ours
+
+
+def test_ctranslate2_beam_search_agrees_with_transformers_length_penalty(trained, exported):
+    """CTranslate2's length penalty is transformers' score / length^alpha, so beams agree with length_penalty_type
+    "power" (the paper's GNMT penalty has no CTranslate2 counterpart)."""
+    model, tokenizer, _ = trained
+    sentences = [source for source, _ in toy_pairs(8, seed=1)] + PROBE
+    ours = model.generate(
+        **tokenizer(sentences, return_tensors="pt", padding=True),
+        num_beams=4,
+        length_penalty=0.6,
+        length_penalty_type="power",
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
+    translator = ctranslate2.Translator(str(exported), intra_threads=1)
+    results = translator.translate_batch(
+        ct2_tokens(tokenizer, sentences), beam_size=4, length_penalty=0.6, max_decoding_length=MAX_NEW_TOKENS
+    )
+    theirs = [tokenizer.convert_tokens_to_string(result.hypotheses[0]) for result in results]
+    assert theirs == tokenizer.batch_decode(ours, skip_special_tokens=True)
+
+
+def test_exported_folder_holds_our_tokenizer_and_vocabulary(trained, exported):
+    _, tokenizer, _ = trained
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(exported)("red cat")["input_ids"] == tokenizer("red cat")["input_ids"]
+    vocabulary = json.loads((exported / "shared_vocabulary.json").read_text())
+    assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+
+
+def test_int8_export_translates_the_probe_sentences(trained, tmp_path):
+    model, tokenizer, folder = trained
+    output = export_ctranslate2(folder, tmp_path / "int8", quantization="int8")
+    translator = ctranslate2.Translator(str(output), compute_type="int8", intra_threads=1)
+    results = translator.translate_batch(ct2_tokens(tokenizer, PROBE), beam_size=1, max_decoding_length=MAX_NEW_TOKENS)
+    assert [tokenizer.convert_tokens_to_string(result.hypotheses[0]) for result in results] == [
+        sentence.upper() for sentence in PROBE
+    ]
+
+
+VARIANTS = {
+    "paper": {},
+    "untied, unshared, output bias, unscaled, eps 1e-5": dict(
+        share_embeddings=False, tie_word_embeddings=False, output_bias=True, scale_embedding=False, layer_norm_eps=1e-5
+    ),
+}
+
+
+def random_model(**overrides) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(0)
+    config = VaswaniConfig(
+        vocab_size=300, d_model=32, d_ff=48, num_heads=4, encoder_layers=2, decoder_layers=3, **overrides
+    )
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger, non-zero weights (biases and LayerNorms included)
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    return model
+
+
+def logit_tolerance(logits: torch.Tensor) -> float:
+    # fp32 rounding through a few layers: ~1e-6 relative per operation, a few hundred operations deep.
+    return 1e-4 * max(1.0, logits.abs().max().item())
+
+
+@pytest.mark.parametrize("overrides", VARIANTS.values(), ids=VARIANTS.keys())
+def test_to_marian_gives_our_logits(overrides):
+    model = random_model(**overrides)
+    marian = to_marian(model).eval()
+    input_ids = torch.randint(3, 300, (3, 9), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0  # padding
+    decoder_input_ids = torch.randint(3, 300, (3, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+        theirs = marian(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    assert ours.abs().max() > 1.0  # a non-trivial function
+    torch.testing.assert_close(theirs, ours, atol=logit_tolerance(ours), rtol=0)
+
+
+def word_tokenizer(size: int):
+    """A tokenizer with exactly `size` tokens, whose specials are ours (<pad> 0, <s> 1, </s> 2, <unk> 3)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocabulary = {token: index for index, token in enumerate(specials + [f"w{i}" for i in range(size - 4)])}
+    backend = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+@pytest.mark.parametrize("overrides", VARIANTS.values(), ids=VARIANTS.keys())
+def test_ctranslate2_scores_equal_our_log_probabilities(overrides, tmp_path):
+    """Forced decoding compares every position's distribution, free of greedy near-ties on random weights."""
+    model = random_model(**overrides)
+    tokenizer = word_tokenizer(300)
+    output = write_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    generator = torch.Generator().manual_seed(3)
+    sources = [[*torch.randint(4, 300, (length,), generator=generator).tolist(), 2] for length in (5, 9)]
+    targets = [[*torch.randint(4, 300, (length,), generator=generator).tolist(), 2] for length in (4, 6)]
+    translator = ctranslate2.Translator(str(output), intra_threads=1)
+    results = translator.score_batch(
+        [tokenizer.convert_ids_to_tokens(source) for source in sources],
+        [tokenizer.convert_ids_to_tokens(target[:-1]) for target in targets],  # it appends </s> itself
+    )
+    for source, target, result in zip(sources, targets, results, strict=True):
+        with torch.no_grad():
+            logits = model(
+                input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[1, *target[:-1]]])
+            ).logits[0]
+        ours = logits.log_softmax(-1).gather(-1, torch.tensor(target)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=logit_tolerance(logits), rtol=0)
+
+
+REFUSALS = {
+    "positional_encoding='learned'": dict(positional_encoding="learned"),
+    "positional_encoding='fairseq_sinusoidal'": dict(positional_encoding="fairseq_sinusoidal"),
+    "d_k=4": dict(d_k=4),
+    "d_v=16": dict(d_v=16),
+}
+
+
+@pytest.mark.parametrize(("named", "overrides"), REFUSALS.items(), ids=REFUSALS.keys())
+def test_inexpressible_models_are_refused_by_name(named, overrides):
+    with pytest.raises(ValueError, match="cannot export") as refused:
+        to_marian(random_model(**overrides))
+    assert named in str(refused.value)
+
+
+def test_other_vocabularies_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="source_vocab_size=200 != vocab_size=300"):
+        write_ctranslate2(random_model(share_embeddings=False, source_vocab_size=200), word_tokenizer(300), tmp_path)
+    with pytest.raises(ValueError, match="the tokenizer has 290 distinct tokens"):
+        write_ctranslate2(random_model(), word_tokenizer(290), tmp_path)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        write_ctranslate2(random_model(), word_tokenizer(300), tmp_path, quantization="int4")
+    (tmp_path / "kept.txt").write_text("")
+    with pytest.raises(ValueError, match="already exists"):
+        write_ctranslate2(random_model(), word_tokenizer(300), tmp_path)
+
+
+def test_cli_exports_and_refuses_in_one_line(trained, tmp_path, capfd):
+    model, tokenizer, folder = trained
+    main(["export", "--to", "ctranslate2", str(folder), str(tmp_path / "out"), "--quantization", "int8"])
+    printed = capfd.readouterr()
+    assert printed.out == f"{tmp_path / 'out'}\n"
+    assert "beam_size=4, length_penalty=0.6" in printed.err and "not the paper's GNMT" in printed.err
+    assert (tmp_path / "out" / "model.bin").is_file() and (tmp_path / "out" / "tokenizer.json").is_file()
+
+    learned = tmp_path / "learned"
+    save_model_folder(random_model(positional_encoding="learned"), word_tokenizer(300), learned)
+    capfd.readouterr()  # what saving printed (a progress bar)
+    for argv, named in (
+        (["export", "--to", "ctranslate2", str(learned), str(tmp_path / "new")], "positional_encoding='learned'"),
+        (["export", "--to", "ctranslate2", str(folder), str(tmp_path / "out")], "already exists"),
+        (["export", "--to", "ctranslate2", str(folder), str(tmp_path / "q"), "--quantization", "int4"], "int4"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        error = capfd.readouterr().err
+        assert error.startswith("vaswani export: error: ") and error.count("\n") == 1 and named in error, error
+    assert not (tmp_path / "new").exists() and not (tmp_path / "q").exists()
