@@ -385,6 +385,18 @@ def add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool = True) -> None:
+    """How an inference command loads its model folder: device, int8, and whether the folder's code may run."""
+    if devices:
+        parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+        parser.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .inference import NORMALIZATIONS
 
@@ -438,13 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a target word's attention is the mean over its subword tokens, a source word's the sum over its tokens",
     )
     translate.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer, 0-based; -1 is the last")
-    translate.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    translate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
-    translate.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
-    )
+    add_model_loading_arguments(translate)
     translate.set_defaults(handler=command_translate)
 
     score = commands.add_parser(
@@ -466,13 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         "search ranks hypotheses, so comparable with translate --nbest scores)",
     )
     score.add_argument("--batch-size", type=int, default=64)
-    score.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    score.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
-    score.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
-    )
+    add_model_loading_arguments(score)
     score.set_defaults(handler=command_score)
 
     evaluate = commands.add_parser(
@@ -483,13 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reference", required=True, type=Path, help="reference translations, line by line")
     evaluate.add_argument("--target-lang", default="de", help="language of the Moses tokenizer for tokenized BLEU")
     evaluate.add_argument("--batch-size", type=int, default=64)
-    evaluate.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    evaluate.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
-    evaluate.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
-    )
+    add_model_loading_arguments(evaluate)
     evaluate.set_defaults(handler=command_evaluate)
 
     plot = commands.add_parser("plot-attention", help="heatmaps of all heads of a layer for one sentence (PNG)")
@@ -497,11 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--sentence", required=True)
     plot.add_argument("--layer", type=int, default=-1, help="0-based; -1 is the last layer")
     plot.add_argument("--output-dir", type=Path, default=Path("attention_plots"))
-    plot.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a model of another type than vaswani with the Python code its folder ships (runs that code)",
-    )
+    add_model_loading_arguments(plot, devices=False)
     plot.set_defaults(handler=command_plot_attention)
     convert = commands.add_parser("convert", help="convert a MarianMT (OPUS-MT) or FSMT folder exactly (same logits)")
     convert.add_argument("--from", dest="source_kind", choices=["marian", "fsmt"], required=True)
