@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,13 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import reversal_pairs
+from helpers import reversal_pairs
 
 SCRIPT = Path(__file__).with_name("tiny_training_run.py")
 ACCELERATE_2_CPU_PROCESSES = [
     "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+    "--mixed_precision", "no", "--dynamo_backend", "no",
 ]  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nobody listens on now: a fixed one fails whenever another test run on the machine holds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +48,8 @@ def run(arguments: list[str]) -> None:
 
 def test_two_processes_through_accelerate_equal_one_process_with_the_same_global_batch(tmp_path, data_file) -> None:
     steps = 4
-    run(ACCELERATE_2_CPU_PROCESSES + tiny_run(data_file, tmp_path / "ddp", 1, steps, 0, 0.0))
+    launcher = [*ACCELERATE_2_CPU_PROCESSES, "--main_process_port", str(free_port())]
+    run(launcher + tiny_run(data_file, tmp_path / "ddp", 1, steps, 0, 0.0))
     run(tiny_run(data_file, tmp_path / "single", 2, steps, 0, 0.0))
 
     rank0, rank1 = (torch.load(tmp_path / "ddp" / f"state_rank{r}.pt") for r in (0, 1))

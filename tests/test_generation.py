@@ -7,13 +7,13 @@ import sys
 
 import pytest
 import torch
-from helpers import run_without_hf_vaswani
+from helpers import DECODING_PATHS, PROBE_SENTENCES, run_without_hf_vaswani
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, pipeline
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
-from hf_vaswani.generation_vaswani import PaperDecodingMixin
+from hf_vaswani.generation_vaswani import PaperDecodingMixin, paper_generation_config
 
 EOS = 2
 
@@ -108,6 +108,7 @@ def test_beam_search_picks_what_the_gnmt_formula_picks_including_where_transform
 
 def test_each_sentence_stops_at_its_own_source_length_plus_50() -> None:
     model = random_model(0, vocab_size=20)
+    model.generation_config = paper_generation_config(model.config)  # as `vaswani train` gives its models
     offset_eos_logit(model, -1000.0)  # never ends on its own
     assert model.generation_config.max_new_tokens_over_source == 50
     source = torch.tensor([[5, 6, EOS, 0, 0, 0, 0], [5, 6, 7, 8, 9, 10, EOS]])
@@ -119,8 +120,9 @@ def test_each_sentence_stops_at_its_own_source_length_plus_50() -> None:
         assert all(strip(row)[-1] == EOS for row in out)
 
 
-def test_default_generation_config_is_the_papers(tmp_path) -> None:
+def test_the_papers_generation_config_is_saved_and_loaded(tmp_path) -> None:
     model = random_model(0)
+    model.generation_config = paper_generation_config(model.config)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "generation_config.json").read_text())
     assert saved["num_beams"] == 4 and saved["length_penalty"] == 0.6 and saved["early_stopping"] is True
@@ -133,16 +135,25 @@ def capitaliser(trained_folder):
     return AutoModelForSeq2SeqLM.from_pretrained(trained_folder), AutoTokenizer.from_pretrained(trained_folder)
 
 
+# The trained fixture is checked to translate these, and every sentence this file translates, to their capitals
+# (helpers.SENTENCES_TESTS_TRANSLATE): the literal translations below are that checked property, not the outcome of one
+# machine's training run.
 SENTENCES = ["red cat sun", "blue dog moon tree", "green tree"]
 
 
 def test_trained_model_translates_with_every_decoding_path(capitaliser) -> None:
+    """The saved folder, reloaded, decodes the probe set as the trained model was checked to: every path agrees."""
     model, tokenizer = capitaliser
-    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
-    expected = [s.upper() for s in SENTENCES]
-    for options in (dict(num_beams=1), dict(num_beams=4), dict()):
-        assert tokenizer.batch_decode(model.generate(**batch, **options), skip_special_tokens=True) == expected
+    batch = tokenizer(PROBE_SENTENCES, return_tensors="pt", padding=True)
+    translations = {
+        name: tokenizer.batch_decode(model.generate(**batch, **options), skip_special_tokens=True)
+        for name, options in DECODING_PATHS.items()
+    }
+    assert translations["greedy"] == [s.upper() for s in PROBE_SENTENCES]
+    assert translations["beam 4"] == translations["default"] == translations["greedy"]
 
+    # generate's other outputs, on a smaller batch: their shapes, and scores consistent with the tokens chosen
+    batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
     torch.manual_seed(0)
     sampled = model.generate(**batch, do_sample=True, num_beams=1, top_k=5, num_return_sequences=3)
     assert sampled.shape[0] == 9
@@ -222,6 +233,7 @@ print(json.dumps({"one": translator("red cat sun"), "many": translator(["green t
 def test_translation_pipeline_from_a_saved_folder_without_hf_vaswani(tmp_path, trained_folder) -> None:
     report = run_without_hf_vaswani(LOAD_PIPELINE, [str(trained_folder)], tmp_path)
     assert report["class"].startswith("transformers_modules")
+    # Another process, with its own thread count and kernels: the fixture's logit margin absorbs the rounding.
     assert report["one"] == [{"translation_text": "RED CAT SUN"}]
     assert report["many"] == [{"translation_text": "GREEN TREE"}, {"translation_text": "BLUE DOG"}]
 

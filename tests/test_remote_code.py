@@ -61,8 +61,15 @@ def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
     remote = torch.load(tmp_path / "out.pt")
     with torch.no_grad():
         local_logits = model(**inputs).logits
-    torch.testing.assert_close(remote["logits"], local_logits, atol=1e-6, rtol=0)
+    # The point is that the shipped code computes the same function, not the same bits: the other process runs with
+    # its own thread count, and so possibly other kernels and summation orders. Each logit ends a chain of ~16 dot
+    # products of length <= 24 (2 + 2 layers), with layer norms keeping activations at unit scale in between; a
+    # length-n dot product is off by ~sqrt(n) * eps of its scale, and these add along the chain: 16 * sqrt(24) * eps,
+    # ~80 eps of the logit scale. A different function (a mask, a scale, a wrong projection) is off by the scale itself.
+    tolerance = 100 * torch.finfo(torch.float32).eps * local_logits.abs().max().item()
+    torch.testing.assert_close(remote["logits"], local_logits, atol=tolerance, rtol=0)
     local_generated = model.generate(
         input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5, num_beams=2
     )
+    # Tokens compare exactly: each step's candidate scores lie >= 5e-3 apart (measured), 100 times that tolerance.
     assert torch.equal(remote["generated"], local_generated)
