@@ -32,7 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import equivalent_power
-from .metrics import corpus_scores, tokenized_bleu
+from .metrics import corpus_scores, lowercased_tokenized_bleu, tokenized_bleu
 from .modeling_vaswani import VaswaniForConditionalGeneration
 
 # Characters that str.splitlines (and so text-mode readers and most viewers) treat as line ends. Only "\n" ends a line
@@ -626,9 +626,13 @@ def translate_and_score(
     target_lang: str,
     batch_size: int = 64,
 ) -> tuple[list[str], dict]:
-    """Translate a test set and score it: sacreBLEU, chrF2 and the paper's tokenized BLEU (unrounded)."""
+    """Translate a test set and score it (unrounded): sacreBLEU and chrF2 with their signatures, the paper's tokenized
+    BLEU, and BLEU on lowercased Moses-tokenized text (the Multi30k literature's number) with its signature."""
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size)
     scores = corpus_scores(hypotheses, references)
-    report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature")}
+    report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
     report["tokenized_bleu"] = tokenized_bleu(hypotheses, references, lang=target_lang)
+    lowercased = lowercased_tokenized_bleu(hypotheses, references, lang=target_lang)
+    report["lowercased_tokenized_bleu"] = lowercased["bleu"]
+    report["lowercased_tokenized_bleu_signature"] = lowercased["signature"]
     return hypotheses, report

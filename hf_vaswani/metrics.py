@@ -7,6 +7,8 @@ Two different BLEUs live here, and their numbers must not be compared with each 
 * `tokenized_bleu` - BLEU as the paper reported it in 2017, reproducing tensor2tensor's `get_ende_bleu.sh`: Moses
   tokenization, then compound splitting ("rich-text" -> "rich ##AT##-##AT## text"), then `multi-bleu.perl`. The split
   gives partial credit for partly right hyphenated compounds, and scores typically come out higher than sacreBLEU.
+* `lowercased_tokenized_bleu` - BLEU on lowercased, Moses-tokenized text, without compound splitting: how the
+  Multi30k literature scores (fairseq on lowercased, tokenized data), also NOT comparable to sacreBLEU.
 
 All metric computation runs offline: the `evaluate` metric is loaded by path from the script shipped in this package.
 """
@@ -27,6 +29,7 @@ __all__ = [
     "SACREBLEU_METRIC_PATH",
     "corpus_scores",
     "load_sacrebleu",
+    "lowercased_tokenized_bleu",
     "tokenize_for_bleu",
     "tokenized_bleu",
 ]
@@ -161,3 +164,26 @@ def tokenized_bleu(
     return sacrebleu.corpus_bleu(
         tokenized_hypotheses, [tokenized_references], tokenize="none", smooth_method="none", force=True
     ).score
+
+
+def lowercased_tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str = "de") -> dict[str, Any]:
+    """BLEU on lowercased, Moses-tokenized text (the Multi30k literature's number), with its sacreBLEU signature.
+
+    Both sides go through sacremoses' `MosesTokenizer(lang).tokenize(..., escape=False)` (tokenizer.perl without
+    XML escaping, the way fairseq's data is prepared), then sacreBLEU with `tokenize="none"` and `lowercase=True`,
+    no smoothing (multi-bleu.perl and fairseq's scorer do none). Moses tokenization, not sacreBLEU's own 13a: 13a is
+    not tokenizer.perl (it leaves e.g. non-breaking prefixes and apostrophes differently), and the published numbers
+    are on Moses-tokenized text. sacreBLEU lowercases, so the signature says `case:lc|tok:none`; the returned
+    signature prefixes it with `moses-tok:<lang>` to say what made the tokens.
+
+    Returns:
+        `bleu` (unrounded) and `signature`.
+    """
+    _check_corpus(hypotheses, references)
+    tokenizer = _moses_tokenizer(lang)
+    tokenized_hypotheses = [tokenizer.tokenize(text, return_str=True, escape=False) for text in hypotheses]
+    tokenized_references = [tokenizer.tokenize(text, return_str=True, escape=False) for text in references]
+    # force=True: the input is tokenized on purpose, so silence sacreBLEU's "looks tokenized" warning.
+    metric = sacrebleu.BLEU(lowercase=True, tokenize="none", smooth_method="none", force=True)
+    score = metric.corpus_score(tokenized_hypotheses, [tokenized_references])
+    return {"bleu": score.score, "signature": f"moses-tok:{lang}|{metric.get_signature()}"}

@@ -9,18 +9,36 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Path:
-    """Training loss and learning rate against the optimizer step, side by side."""
+    """Training loss and learning rate against the optimizer step, side by side, and validation BLEU when logged.
+
+    Validation entries are those of `ValidationBleuCallback` (`eval_bleu`, `eval_lowercased_tokenized_bleu`,
+    `elapsed_minutes`); their panel is against wall-clock minutes of training, the budget a learning curve is read in.
+    """
     logged = [entry for entry in log_history if "loss" in entry and "step" in entry]
     if not logged:
         raise ValueError("the log history holds no training loss: was logging_steps larger than the run?")
+    validated = [entry for entry in log_history if "eval_bleu" in entry and "elapsed_minutes" in entry]
     steps = [entry["step"] for entry in logged]
-    figure, (loss_axis, lr_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(1, 3 if validated else 2, figsize=(16 if validated else 11, 4))
+    loss_axis, lr_axis = axes[:2]
     loss_axis.plot(steps, [entry["loss"] for entry in logged])
     loss_axis.set(xlabel="step", ylabel="label-smoothed cross-entropy", title="Training loss")
     loss_axis.grid(alpha=0.3)
     lr_axis.plot(steps, [entry["learning_rate"] for entry in logged], color="tab:orange")
     lr_axis.set(xlabel="step", ylabel="learning rate", title="Learning rate (§5.3, Eq. 3)")
     lr_axis.grid(alpha=0.3)
+    if validated:
+        bleu_axis = axes[2]
+        minutes = [entry["elapsed_minutes"] for entry in validated]
+        bleu_axis.plot(minutes, [entry["eval_bleu"] for entry in validated], marker="o", label="sacreBLEU")
+        if all("eval_lowercased_tokenized_bleu" in entry for entry in validated):
+            scores = [entry["eval_lowercased_tokenized_bleu"] for entry in validated]
+            bleu_axis.plot(minutes, scores, marker="s", label="BLEU, lowercased Moses-tokenized")
+        for minute, entry in zip(minutes, validated, strict=True):
+            bleu_axis.annotate(str(entry["step"]), (minute, entry["eval_bleu"]), fontsize=7, alpha=0.6)
+        bleu_axis.set(xlabel="wall-clock minutes of training", ylabel="BLEU", title="Validation BLEU (step labels)")
+        bleu_axis.legend(fontsize=8)
+        bleu_axis.grid(alpha=0.3)
     figure.tight_layout()
     output_path = Path(output_path)
     figure.savefig(output_path, dpi=120)

@@ -27,6 +27,7 @@ from .plots import plot_training_curves
 from .tokenization import train_shared_bpe_from_dataset
 from .training import (
     CheckpointAveragingCallback,
+    ValidationBleuCallback,
     VaswaniTrainer,
     newest_complete_checkpoint,
     paper_training_arguments,
@@ -74,6 +75,13 @@ class RecipeSettings:
     )
     update_freq: int = field(default=1, metadata={"help": "batches accumulated into one optimizer step"})
     warmup_steps: int = field(default=4000, metadata={"help": "warmup steps of the learning rate, Eq. 3 (§5.3)"})
+    learning_rate_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "factor on Eq. 3's learning rate (1.0: the paper's; a small d_model makes Eq. 3's peak high, a "
+            "short run may want it higher still)"
+        },
+    )
     max_steps: int = field(default=100000, metadata={"help": "optimizer steps to train"})
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
     save_steps: int = field(default=1000, metadata={"help": "optimizer steps between checkpoints"})
@@ -86,7 +94,26 @@ class RecipeSettings:
     length_penalty: float | None = field(
         default=None, metadata={"help": "GNMT alpha in generation_config.json; None means the paper's (0.6, §6.1)"}
     )
-    eval_batch_size: int = field(default=64, metadata={"help": "sentences per batch when translating the test split"})
+    eval_batch_size: int = field(
+        default=64, metadata={"help": "sentences per batch when translating the test and validation splits"}
+    )
+    eval_bleu_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "optimizer steps between validation BLEU scores (logged as eval_bleu, plotted; needs a validation "
+            "split); None: no validation"
+        },
+    )
+    eval_bleu_sample: int | None = field(
+        default=None, metadata={"help": "validate on the first this many pairs of the validation split; None: all"}
+    )
+    eval_bleu_num_beams: int = field(
+        default=1, metadata={"help": "beam size of validation translations (1: greedy, the fastest)"}
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={"help": "stop when validation BLEU has not improved for this many evaluations; None: never"},
+    )
     seed: int = field(
         default=0, metadata={"help": "seed of the initial weights, data order and dropout (and the embedded corpus)"}
     )
@@ -107,10 +134,20 @@ class RecipeSettings:
             "logging_steps",
             "num_beams",
             "eval_batch_size",
+            "learning_rate_scale",
+            "eval_bleu_steps",
+            "eval_bleu_sample",
+            "eval_bleu_num_beams",
+            "early_stopping_patience",
         ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{setting_flag(name)} must be positive, got {value}")
+        if self.early_stopping_patience is not None and self.eval_bleu_steps is None:
+            raise ValueError(
+                f"{setting_flag('early_stopping_patience')} needs validation BLEU: set "
+                f"{setting_flag('eval_bleu_steps')}"
+            )
         if self.bf16 and self.fp16:
             raise ValueError(f"{setting_flag('bf16')} and {setting_flag('fp16')} exclude each other")
         if self.logging_steps > self.max_steps:
@@ -154,13 +191,14 @@ def model_config(settings: RecipeSettings, **tokenizer_fields: int) -> VaswaniCo
         raise ValueError(f"VaswaniConfig refuses the settings: {message}") from error
 
 
+VALIDATION_SCORES = ("eval_bleu", "eval_lowercased_tokenized_bleu")  # what ValidationBleuCallback logs
 RUN_RECORD = "run.json"  # the settings and training corpus that define the run in an output folder
 TOKENIZER_FOLDER = "tokenizer"  # the run's vocabulary, saved before training so that a resumed run keeps its ids
 # What a run leaves in its output folder: any of them means the folder holds one.
 RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", "model", "results.json", "training_curves.png")
 # Settings a resumed run may change: more steps continue the same trajectory (Eq. 3 and the data order do not depend
 # on the total), and decoding and evaluation come after training. Fewer steps could end before the last checkpoint.
-RESUMABLE_SETTINGS = ("max_steps", "num_beams", "length_penalty", "eval_batch_size")
+RESUMABLE_SETTINGS = ("max_steps", "num_beams", "length_penalty", "eval_batch_size", "eval_bleu_sample")
 
 
 def is_main_process() -> bool:
@@ -295,7 +333,7 @@ def run_recipe(
     checkpoint there (weights, optimizer, schedule, data position and random state) with the run's tokenizer, ending
     where an uninterrupted run would; a different training corpus is refused.
     """
-    for split in ("train", "test"):
+    for split in ("train", "test") + (("validation",) if settings.eval_bleu_steps else ()):
         if split not in corpus:
             raise ValueError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
     output_dir = Path(output_dir)
@@ -312,6 +350,7 @@ def run_recipe(
         output_dir / "checkpoints",
         max_steps=settings.max_steps,
         warmup_steps=settings.warmup_steps,
+        learning_rate=settings.learning_rate_scale,  # VaswaniTrainer multiplies Eq. 3 by it
         gradient_accumulation_steps=settings.update_freq,
         save_steps=settings.save_steps,
         save_total_limit=settings.average_last,
@@ -349,6 +388,23 @@ def run_recipe(
         max_tokens=settings.max_tokens,
         callbacks=[averaging],
     )
+    validation = None
+    if settings.eval_bleu_steps:
+        pairs = corpus["validation"]
+        if settings.eval_bleu_sample:
+            pairs = pairs.select(range(min(settings.eval_bleu_sample, len(pairs))))
+        validation = ValidationBleuCallback(
+            tokenizer,
+            pairs["source"],
+            pairs["target"],
+            target_lang,
+            settings.eval_bleu_steps,
+            log=trainer.log,
+            num_beams=settings.eval_bleu_num_beams,
+            batch_size=settings.eval_batch_size,
+            early_stopping_patience=settings.early_stopping_patience,
+        )
+        trainer.add_callback(validation)
     # Only the main process moves incomplete checkpoints aside; the others skip them where it has not yet.
     checkpoint = newest_complete_checkpoint(args.output_dir, move_aside=is_main_process()) if resume else None
     train_output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -367,7 +423,10 @@ def run_recipe(
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
         "tokenized_bleu": round(scores["tokenized_bleu"], 2),
+        "lowercased_tokenized_bleu": round(scores["lowercased_tokenized_bleu"], 2),
         "bleu_signature": scores["bleu_signature"],
+        "chrf_signature": scores["chrf_signature"],
+        "lowercased_tokenized_bleu_signature": scores["lowercased_tokenized_bleu_signature"],
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - started, 1),
         "steps": train_output.global_step,
@@ -375,6 +434,7 @@ def run_recipe(
         "parameters": model.num_parameters(),
         "test_sentences": len(sources),
         "averaged_checkpoints": settings.average_last,
+        "validation": validation_summary(trainer.state.log_history) if validation else None,
         "settings": asdict(settings),
         # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one
         "cpu": cpu_model_name(),
@@ -399,6 +459,24 @@ def run_recipe(
     write_text_atomically(output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     plot_training_curves(trainer.state.log_history, output_dir / "training_curves.png")
     return results
+
+
+def validation_summary(log_history: list[dict]) -> dict:
+    """Validation BLEU (greedy unless eval_bleu_num_beams) at every evaluation and the step where it was best.
+
+    Read from the log history, which a resumed run restores from its checkpoint, so the curve covers the whole run.
+    """
+    curve = [
+        {key: round(entry[key], 2) for key in ("step", "elapsed_minutes", *VALIDATION_SCORES)}
+        for entry in log_history
+        if VALIDATION_SCORES[0] in entry
+    ]
+    best = max(curve, key=lambda point: point[VALIDATION_SCORES[0]], default=None)  # the first of equal scores
+    return {
+        "best_step": best["step"] if best else None,
+        "best_bleu": best[VALIDATION_SCORES[0]] if best else None,
+        "curve": curve,
+    }
 
 
 def cpu_model_name() -> str:

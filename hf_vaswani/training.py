@@ -12,8 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ from transformers import PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainin
 
 from .averaging import average_checkpoints, last_checkpoints
 from .batching import TokenBatchSampler
+from .inference import translate
+from .metrics import corpus_scores, lowercased_tokenized_bleu
 
 logger = logging.getLogger(__name__)
 
@@ -258,3 +261,81 @@ class CheckpointAveragingCallback(TrainerCallback):
             self.averaged_path = replace_folder(
                 Path(args.output_dir) / self.subdirectory, lambda folder: average_checkpoints(checkpoints, folder)
             )
+
+
+class ValidationBleuCallback(TrainerCallback):
+    """BLEU on a validation set every `eval_steps` optimizer steps, as fairseq's `--eval-bleu` and Marian's validation.
+
+    Translates `sources` with the model being trained (greedy by default: fast, and it ranks checkpoints as beam search
+    does) and logs through `log` (give it `trainer.log`: the entry then lands in `state.log_history` and every
+    reporting callback) `eval_bleu` (sacreBLEU), `eval_lowercased_tokenized_bleu` and `elapsed_minutes` since training
+    began, for the training-curve plot. Keeps the best step (`best_step`, `best_bleu`, by sacreBLEU) and, with
+    `early_stopping_patience`, stops training when BLEU has not improved for that many evaluations in a row.
+
+    Written here rather than through transformers' evaluation loop and EarlyStoppingCallback: that loop runs a loss pass
+    over the whole set and generates in unsorted padded batches, and EarlyStoppingCallback needs it (it reads the
+    metrics of `on_evaluate` and requires `eval_strategy` and `metric_for_best_model`). This callback reuses
+    `translate` (length-sorted batches) and the package's metrics. Every process translates, so that all of them take
+    the same early-stopping decision.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sources: Sequence[str],
+        references: Sequence[str],
+        target_lang: str,
+        eval_steps: int,
+        log: Callable[[dict[str, float]], None],
+        num_beams: int = 1,
+        batch_size: int = 64,
+        early_stopping_patience: int | None = None,
+    ) -> None:
+        if eval_steps <= 0:
+            raise ValueError(f"eval_steps must be positive, got {eval_steps}")
+        if early_stopping_patience is not None and early_stopping_patience <= 0:
+            raise ValueError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
+        self.tokenizer = tokenizer
+        self.sources, self.references = list(sources), list(references)
+        self.target_lang = target_lang
+        self.eval_steps = eval_steps
+        self.log = log
+        self.num_beams = num_beams
+        self.batch_size = batch_size
+        self.early_stopping_patience = early_stopping_patience
+        self.best_step: int | None = None
+        self.best_bleu: float | None = None
+        self.evaluations_without_improvement = 0
+        self.started = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+        if state.global_step % self.eval_steps != 0:
+            return
+        was_training = model.training
+        try:
+            hypotheses = translate(
+                model, self.tokenizer, self.sources, self.batch_size, progress=False, num_beams=self.num_beams
+            )
+        finally:
+            model.train(was_training)  # translate leaves the model in eval mode: dropout must come back
+        bleu = corpus_scores(hypotheses, self.references)["bleu"]
+        lowercased = lowercased_tokenized_bleu(hypotheses, self.references, self.target_lang)["bleu"]
+        self.log(
+            {
+                "eval_bleu": bleu,
+                "eval_lowercased_tokenized_bleu": lowercased,
+                "elapsed_minutes": (time.perf_counter() - self.started) / 60,
+            }
+        )
+        if self.best_bleu is None or bleu > self.best_bleu:
+            self.best_step, self.best_bleu = state.global_step, bleu
+            self.evaluations_without_improvement = 0
+        else:
+            self.evaluations_without_improvement += 1
+        if self.early_stopping_patience and self.evaluations_without_improvement >= self.early_stopping_patience:
+            logger.info(f"validation BLEU has not improved for {self.early_stopping_patience} evaluations: stopping")
+            control.should_training_stop = True
+            control.should_save = True  # the last step's weights become a checkpoint for the average

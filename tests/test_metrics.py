@@ -14,6 +14,7 @@ from hf_vaswani.metrics import (
     SACREBLEU_METRIC_PATH,
     corpus_scores,
     load_sacrebleu,
+    lowercased_tokenized_bleu,
     tokenize_for_bleu,
     tokenized_bleu,
 )
@@ -158,3 +159,32 @@ def test_mismatched_lengths_raise() -> None:
         tokenized_bleu(HYPOTHESES[:-1], REFERENCES)
     with pytest.raises(ValueError):
         corpus_scores([], [])
+
+
+# Multi30k-like sentences with what tokenizer.perl -l de -no-escape and lowercasing make of them, written out by hand.
+CAPTIONS = [
+    ('Ein Mann mit "Hut" & Jacke läuft die Gasse.', 'ein mann mit " hut " & jacke läuft die gasse .'),
+    ("Zwei Kinder spielen im Park, während es regnet.", "zwei kinder spielen im park , während es regnet ."),
+    ("Eine Frau trinkt 3,5 Liter Wasser.", "eine frau trinkt 3,5 liter wasser ."),
+    ("Ein Hund läuft über die grüne Wiese.", "ein hund läuft über die grüne wiese ."),
+]
+CAPTION_HYPOTHESES = [
+    ('Ein Mann mit "Mütze" & Jacke geht die Gasse.', 'ein mann mit " mütze " & jacke geht die gasse .'),
+    ("Zwei KINDER spielen im Park, während es regnet!", "zwei kinder spielen im park , während es regnet !"),
+    ("Eine Frau trinkt Wasser.", "eine frau trinkt wasser ."),
+    ("Ein Hund rennt über die Wiese.", "ein hund rennt über die wiese ."),
+]
+
+
+def test_lowercased_tokenized_bleu_is_sacrebleu_on_lowercased_moses_tokens() -> None:
+    references, tokenized_references = zip(*CAPTIONS, strict=True)
+    hypotheses, tokenized_hypotheses = zip(*CAPTION_HYPOTHESES, strict=True)
+    result = lowercased_tokenized_bleu(hypotheses, references, lang="de")
+    expected = sacrebleu.corpus_bleu(
+        list(tokenized_hypotheses), [list(tokenized_references)], tokenize="none", smooth_method="none", force=True
+    )
+    assert result["bleu"] == pytest.approx(expected.score, abs=1e-9) and 0 < result["bleu"] < 100
+    assert result["signature"].startswith("moses-tok:de|nrefs:1|case:lc|eff:no|tok:none|smooth:none|version:")
+    # Case and punctuation glued to words do not count against a hypothesis; 13a's mixed-case sacreBLEU differs.
+    assert lowercased_tokenized_bleu([text.upper() for text in references], references)["bleu"] == pytest.approx(100)
+    assert result["bleu"] != pytest.approx(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)

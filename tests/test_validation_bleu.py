@@ -1,0 +1,156 @@
+"""Validation BLEU during training: logged at the right steps, equal to sacrebleu on the model's own greedy output,
+early stopping, and the recipe's wiring (results.json and the training-curve plot)."""
+
+import json
+
+import pytest
+import sacrebleu
+import torch
+from datasets import Dataset, DatasetDict
+from PIL import Image
+from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
+
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.inference import translate
+from hf_vaswani.plots import plot_training_curves
+from hf_vaswani.recipe import RecipeSettings, run_recipe
+from hf_vaswani.tokenization import train_shared_bpe
+from hf_vaswani.training import ValidationBleuCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
+
+PAIRS = [
+    ("the dog sleeps .", "der Hund schläft ."),
+    ("the cat sleeps .", "die Katze schläft ."),
+    ("the dog sees the cat .", "der Hund sieht die Katze ."),
+    ("the cat sees the dog .", "die Katze sieht den Hund ."),
+    ("today the dog sleeps .", "heute schläft der Hund ."),
+    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
+    ("the man sees the woman .", "der Mann sieht die Frau ."),
+    ("the woman sees the man .", "die Frau sieht den Mann ."),
+]
+SOURCES, REFERENCES = [source for source, _ in PAIRS], [target for _, target in PAIRS]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_shared_bpe([text for pair in PAIRS for text in pair], vocab_size=300, min_frequency=1)
+
+
+def tiny_trainer(tokenizer, tmp_path, max_steps: int, learning_rate: float = 1.0) -> VaswaniTrainer:
+    torch.manual_seed(0)
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        d_ff=64,
+        num_heads=4,
+        encoder_layers=1,
+        decoder_layers=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = VaswaniForConditionalGeneration(config)
+    model.generation_config.max_new_tokens = 10
+    train = tokenize_corpus(Dataset.from_dict({"source": SOURCES * 4, "target": REFERENCES * 4}), tokenizer)
+    args = paper_training_arguments(
+        tmp_path, max_steps=max_steps, warmup_steps=4, learning_rate=learning_rate, save_strategy="no", logging_steps=1
+    )
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    return VaswaniTrainer(
+        model=model, args=args, train_dataset=train, data_collator=collator, processing_class=tokenizer, max_tokens=64
+    )
+
+
+def validation_entries(trainer: VaswaniTrainer) -> list[dict]:
+    return [entry for entry in trainer.state.log_history if "eval_bleu" in entry]
+
+
+def test_validation_bleu_is_logged_every_n_steps_and_is_sacrebleu_of_the_greedy_output(tokenizer, tmp_path) -> None:
+    trainer = tiny_trainer(tokenizer, tmp_path, max_steps=9)
+    callback = ValidationBleuCallback(tokenizer, SOURCES, REFERENCES, "de", eval_steps=3, log=trainer.log)
+    trainer.add_callback(callback)
+    trainer.train()
+    entries = validation_entries(trainer)
+    assert [entry["step"] for entry in entries] == [3, 6, 9]
+    assert all(entry["elapsed_minutes"] > 0 for entry in entries)
+    # Step 9 is the last: the final weights are the ones the last evaluation translated with.
+    hypotheses = translate(trainer.model, tokenizer, SOURCES, progress=False, num_beams=1)
+    expected = sacrebleu.corpus_bleu(hypotheses, [REFERENCES]).score
+    assert entries[-1]["eval_bleu"] == pytest.approx(expected, abs=1e-9)
+    best = max(entries, key=lambda entry: entry["eval_bleu"])  # the first of equal scores, as the callback keeps it
+    assert (callback.best_step, callback.best_bleu) == (best["step"], best["eval_bleu"])
+
+
+def test_validation_leaves_the_model_training(tokenizer, tmp_path) -> None:
+    trainer = tiny_trainer(tokenizer, tmp_path, max_steps=1)
+    logged = []
+    callback = ValidationBleuCallback(tokenizer, SOURCES[:2], REFERENCES[:2], "de", eval_steps=1, log=logged.append)
+    trainer.model.train()
+    callback.on_step_end(trainer.args, TrainerState(global_step=1), TrainerControl(), model=trainer.model)
+    assert trainer.model.training  # dropout back on for the next step
+    assert len(logged) == 1 and set(logged[0]) == {"eval_bleu", "eval_lowercased_tokenized_bleu", "elapsed_minutes"}
+
+
+def test_early_stopping_stops_when_bleu_stops_improving(tokenizer, tmp_path) -> None:
+    # A learning rate of 0 keeps the weights, so BLEU never improves after the first evaluation.
+    trainer = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0)
+    callback = ValidationBleuCallback(
+        tokenizer, SOURCES, REFERENCES, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
+    )
+    trainer.add_callback(callback)
+    trainer.train()
+    assert trainer.state.global_step == 6  # evaluations at 2 (best), 4 and 6 (two without improvement)
+    assert [entry["step"] for entry in validation_entries(trainer)] == [2, 4, 6]
+    assert callback.best_step == 2
+
+
+def test_early_stopping_needs_validation() -> None:
+    with pytest.raises(ValueError, match="--early-stopping-patience needs validation BLEU: set --eval-bleu-steps"):
+        RecipeSettings(early_stopping_patience=3)
+
+
+def test_recipe_validates_records_the_best_step_and_plots_bleu(tmp_path) -> None:
+    split = {"source": SOURCES, "target": REFERENCES}
+    corpus = DatasetDict(
+        {
+            "train": Dataset.from_dict({"source": SOURCES * 6, "target": REFERENCES * 6}),
+            "validation": Dataset.from_dict(split),
+            "test": Dataset.from_dict({"source": SOURCES[:3], "target": REFERENCES[:3]}),
+        }
+    )
+    settings = RecipeSettings(
+        model_overrides=dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1),
+        vocab_size=300,
+        max_tokens=64,
+        warmup_steps=10,
+        max_steps=12,
+        save_steps=4,
+        logging_steps=2,
+        average_last=3,
+        num_beams=2,
+        eval_bleu_steps=4,
+        eval_bleu_sample=5,
+    )
+    results = run_recipe(corpus, tmp_path, settings, dataset_name="toy")
+    assert json.loads((tmp_path / "results.json").read_text())["validation"] == results["validation"]
+    curve = results["validation"]["curve"]
+    assert [point["step"] for point in curve] == [4, 8, 12]
+    best = max(curve, key=lambda point: point["eval_bleu"])
+    assert (results["validation"]["best_step"], results["validation"]["best_bleu"]) == (best["step"], best["eval_bleu"])
+    with Image.open(tmp_path / "training_curves.png") as figure:
+        assert figure.size[0] > 1500  # three panels: loss, learning rate, validation BLEU
+    assert "lowercased_tokenized_bleu" in results and results["lowercased_tokenized_bleu_signature"].startswith(
+        "moses-tok:de|nrefs:1|case:lc|eff:no|tok:none|smooth:none"
+    )
+    with pytest.raises(ValueError, match="no 'validation' split"):
+        run_recipe(DatasetDict({k: corpus[k] for k in ("train", "test")}), tmp_path / "other", settings)
+
+
+def test_training_curves_add_a_validation_bleu_panel(tmp_path) -> None:
+    history = [{"step": 10, "loss": 5.0, "learning_rate": 1e-3}, {"step": 20, "loss": 4.0, "learning_rate": 2e-3}]
+    validation = [
+        {"step": 10, "eval_bleu": 1.0, "eval_lowercased_tokenized_bleu": 1.5, "elapsed_minutes": 0.5},
+        {"step": 20, "eval_bleu": 3.0, "eval_lowercased_tokenized_bleu": 3.5, "elapsed_minutes": 1.0},
+    ]
+    without = plot_training_curves(history, tmp_path / "without.png")
+    with_bleu = plot_training_curves(history + validation, tmp_path / "with.png")
+    assert Image.open(with_bleu).size[0] > Image.open(without).size[0]  # a third panel
