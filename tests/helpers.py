@@ -110,3 +110,18 @@ def mistranslations(model, tokenizer, sentences: list[str], **generate_options) 
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     translations = tokenizer.batch_decode(model.generate(**batch, **generate_options), skip_special_tokens=True)
     return [(s, t) for s, t in zip(sentences, translations, strict=True) if t != s.upper()]
+
+
+# A toy English -> German corpus for the recipe's and the trainer's tests, and a model small enough to train on it in
+# seconds.
+PAIRS = [
+    ("the dog sleeps .", "der Hund schläft ."),
+    ("the cat sleeps .", "die Katze schläft ."),
+    ("the dog sees the cat .", "der Hund sieht die Katze ."),
+    ("the cat sees the dog .", "die Katze sieht den Hund ."),
+    ("today the dog sleeps .", "heute schläft der Hund ."),
+    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
+    ("the man sees the woman .", "der Mann sieht die Frau ."),
+    ("the woman sees the man .", "die Frau sieht den Mann ."),
+]
+TINY_OVERRIDES = dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)

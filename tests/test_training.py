@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
+from helpers import PAIRS, TINY_OVERRIDES
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -29,19 +30,6 @@ from hf_vaswani.training import (
     paper_training_arguments,
     tokenize_corpus,
 )
-
-PAIRS = [
-    ("the dog sleeps .", "der Hund schläft ."),
-    ("the cat sleeps .", "die Katze schläft ."),
-    ("the dog sees the cat .", "der Hund sieht die Katze ."),
-    ("the cat sees the dog .", "die Katze sieht den Hund ."),
-    ("today the dog sleeps .", "heute schläft der Hund ."),
-    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
-    ("the man sees the woman .", "der Mann sieht die Frau ."),
-    ("the woman sees the man .", "die Frau sieht den Mann ."),
-]
-
-TINY_OVERRIDES = dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)
 
 
 def eq3(step: int, d_model: int, warmup: int) -> float:

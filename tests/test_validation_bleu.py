@@ -7,6 +7,7 @@ import pytest
 import sacrebleu
 import torch
 from datasets import Dataset, DatasetDict
+from helpers import PAIRS, TINY_OVERRIDES
 from PIL import Image
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 
@@ -17,16 +18,6 @@ from hf_vaswani.recipe import RecipeSettings, run_recipe
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import ValidationBleuCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
-PAIRS = [
-    ("the dog sleeps .", "der Hund schläft ."),
-    ("the cat sleeps .", "die Katze schläft ."),
-    ("the dog sees the cat .", "der Hund sieht die Katze ."),
-    ("the cat sees the dog .", "die Katze sieht den Hund ."),
-    ("today the dog sleeps .", "heute schläft der Hund ."),
-    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
-    ("the man sees the woman .", "der Mann sieht die Frau ."),
-    ("the woman sees the man .", "die Frau sieht den Mann ."),
-]
 SOURCES, REFERENCES = [source for source, _ in PAIRS], [target for _, target in PAIRS]
 
 
@@ -118,7 +109,7 @@ def test_recipe_validates_records_the_best_step_and_plots_bleu(tmp_path) -> None
         }
     )
     settings = RecipeSettings(
-        model_overrides=dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1),
+        model_overrides=TINY_OVERRIDES,
         vocab_size=300,
         max_tokens=64,
         warmup_steps=10,
