@@ -274,6 +274,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
     _supports_sdpa = True
+    # attention goes through transformers' AttentionInterface with its masks (tests/test_modeling.py registers one)
+    _supports_attention_backend = True
     _can_compile_fullgraph = True  # a static cache makes the decoding step one graph (tests/test_static_cache.py)
 
     @torch.no_grad()

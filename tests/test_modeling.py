@@ -362,6 +362,33 @@ def test_eager_and_sdpa_agree(tiny_config_kwargs: dict) -> None:
     torch.testing.assert_close(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5, rtol=1e-5)
 
 
+def test_a_registered_attention_function_is_used_with_transformers_masks(tiny_config_kwargs: dict) -> None:
+    """`_supports_attention_backend`: a function registered in transformers' AttentionInterface (as custom kernels
+    are) is called by every attention layer with the additive masks it builds, and computes the model's function."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    calls: list[tuple[int, ...] | None] = []
+
+    def recording_sdpa(module, query, key, value, attention_mask, **kwargs):
+        calls.append(None if attention_mask is None else tuple(attention_mask.shape))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("recording_sdpa", recording_sdpa)
+    AttentionMaskInterface.register("recording_sdpa", sdpa_mask)  # a kernel names the masks it takes
+    eager, recorded = make_model("eager", **tiny_config_kwargs), make_model("recording_sdpa", **tiny_config_kwargs)
+    source, source_mask = padded_batch(61, [9, 2, 5])
+    target, target_mask = padded_batch(61, [6, 3, 6], seed=4)
+    inputs = dict(
+        input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
+    )
+    torch.testing.assert_close(recorded(**inputs).logits, eager(**inputs).logits, atol=1e-5, rtol=1e-5)
+    config = recorded.config
+    assert len(calls) == config.encoder_layers + 2 * config.decoder_layers
+    assert all(shape is not None and shape[0] == 3 for shape in calls)  # padding is masked in each of them
+
+
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_incremental_decoding_equals_full_recomputation(attn_implementation: str, tiny_config_kwargs: dict) -> None:
     model = make_model(attn_implementation, **tiny_config_kwargs)
