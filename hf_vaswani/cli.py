@@ -156,6 +156,8 @@ def check_output_file(path: Path, option: str) -> None:
     """Refuse an output file that could not be written, before any work: writing comes last."""
     if path.is_dir():
         raise ValueError(f"{option} {path} is a directory, not a file")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ValueError(f"{option} {path}: {path.parent} is a file, not a directory")
     if not path.parent.is_dir():
         raise ValueError(f"{option} {path}: no directory {path.parent}")
     if not os.access(path.parent, os.W_OK):

@@ -1,11 +1,14 @@
 """Training curves from a Trainer's log history, as PNG."""
 
+from functools import partial
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
+
+from .training import replace_file  # noqa: E402
 
 
 def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Path:
@@ -40,10 +43,9 @@ def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Pa
         bleu_axis.legend(fontsize=8)
         bleu_axis.grid(alpha=0.3)
     figure.tight_layout()
-    output_path = Path(output_path)
-    figure.savefig(output_path, dpi=120)
+    replace_file(Path(output_path), partial(figure.savefig, format="png", dpi=120))  # whole or not at all
     plt.close(figure)
-    return output_path
+    return Path(output_path)
 
 
 def attention_maps(model, tokenizer, sentence: str, layer: int = -1) -> dict:
@@ -94,7 +96,7 @@ def plot_attention(model, tokenizer, sentence: str, output_dir: str | Path, laye
         )
         figure.tight_layout()
         path = output_dir / f"{kind.split()[0].replace('-', '_')}_attention.png"
-        figure.savefig(path, dpi=110)
+        replace_file(path, partial(figure.savefig, format="png", dpi=110))
         plt.close(figure)
         written.append(path)
     return written

@@ -209,16 +209,17 @@ def is_main_process() -> bool:
 def check_output_dir(
     output_dir: str | Path, settings: RecipeSettings, resume: bool = False, overwrite: bool = False
 ) -> dict | None:
-    """Refuse, in one ValueError line, an output folder that would mix or lose runs; reads it, changes nothing.
+    """Refuse, in one ValueError line, an output folder that cannot be written or would mix or lose runs; reads only.
 
     A folder holding a previous run is continued with `resume` (its corpus, checked later, and settings must be the
     same but RESUMABLE_SETTINGS, max_steps only growing) or replaced with `overwrite`, never reused silently. `resume`
     on a folder without a run starts one. Returns the previous run's record when resuming one, else None. Only the main
-    process judges: the others would see what it has just written.
+    process judges a run in the folder: the others would see what it has just written.
     """
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     output_dir = Path(output_dir)
+    check_writable_folder(output_dir)
     found = [name for name in RUN_ENTRIES if (output_dir / name).exists()]
     if not found or overwrite or not is_main_process():
         return None
@@ -232,11 +233,48 @@ def check_output_dir(
             f"--resume: {output_dir} holds no {RUN_RECORD} (a run of an older version, or killed before it started), "
             "so its corpus and settings cannot be checked; start again with --overwrite"
         )
-    record = json.loads((output_dir / RUN_RECORD).read_text())
-    differences = settings_differences(RecipeSettings(**record["settings"]), settings)
+    record, previous = read_run_record(output_dir / RUN_RECORD)
+    differences = settings_differences(previous, settings)
     if differences:
         raise ValueError(f"--resume: {'; '.join(differences)} (only --max-steps may grow and decoding change)")
     return record
+
+
+def check_writable_folder(folder: Path) -> None:
+    """Refuse, in one ValueError line, an output folder that could not be created or written into.
+
+    Checked up front because the first write comes after the corpus is read and the tokenizer trained. The nearest
+    existing folder of the path must be a folder (not a file) that this process may write into.
+    """
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        problem = "is a file, not a folder" if existing == folder else f"cannot be created: {existing} is a file"
+        raise ValueError(f"--output-dir {folder} {problem}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output-dir {folder}: {existing} is not writable")
+
+
+def read_run_record(path: Path) -> tuple[dict, RecipeSettings]:
+    """The run record at `path` and its settings, refused in one ValueError line naming the file and what is wrong.
+
+    A record cut short by a full disk or edited by hand would otherwise be a traceback far from its cause.
+    """
+    remedy = "so the run cannot be checked; restore it or start again with --overwrite"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON (empty or cut short)
+        raise ValueError(f"--resume: {path} cannot be read ({error}), {remedy}") from None
+    kinds = {"settings": dict, "train_corpus_sha256": str}
+    if not isinstance(record, dict) or any(not isinstance(record.get(key), kind) for key, kind in kinds.items()):
+        raise ValueError(
+            f"--resume: {path} is not a run record (a JSON object with 'settings', an object, and "
+            f"'train_corpus_sha256', a string), {remedy}"
+        )
+    try:  # an unknown setting (a missing one takes its default), a value of the wrong type or range fails here
+        previous = RecipeSettings(**record["settings"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--resume: the settings in {path} are not valid ({error}), {remedy}") from None
+    return record, previous
 
 
 def settings_differences(previous: RecipeSettings, current: RecipeSettings) -> list[str]:

@@ -97,21 +97,40 @@ def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenize
     return corpus.map(encode, batched=True, remove_columns=columns, desc="Tokenizing")
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file in the same directory, renamed over it when complete."""
+def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
+    """Let `write` create a temporary file next to `path`, then rename it over `path`: whole or not at all.
+
+    A failed write (disk full, an error, an interrupt) leaves the old file as it was and removes the partial one; the
+    temporary name does not end in `path`'s suffix, so a writer that picks its format by the name must be told it.
+    """
     temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (`replace_file`)."""
+    replace_file(path, lambda temporary: temporary.write_text(text))
 
 
 def replace_folder(folder: Path, write: Callable[[Path], object]) -> Path:
     """Let `write` fill a temporary folder next to `folder`, then swap it in: a killed run leaves the old folder whole.
 
     A directory cannot be renamed over a non-empty one, so the old folder steps aside for the two renames in between.
+    A failed `write` removes the partial folder.
     """
     temporary = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
-    write(temporary)
+    try:
+        write(temporary)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     previous = folder.with_name(f"{folder.name}.old-{os.getpid()}")
     if folder.exists():
         os.replace(folder, previous)

@@ -1,7 +1,9 @@
 """Every mistake in the inference commands is one line `vaswani <command>: error: ...`, exit code 2, no traceback;
 no code from a model folder runs unless asked; no output is half-written or lost."""
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -179,6 +181,10 @@ def test_output_and_input_paths_are_checked_before_loading(tiny_folder, tmp_path
     model = str(tiny_folder)
     refused(capfd, ["translate", model, *given_input, "--output", str(tmp_path / "no" / "out.txt")], "no directory")
     refused(capfd, ["translate", model, *given_input, "--output", str(tmp_path)], "is a directory, not a file")
+    inside_a_file = str(tmp_path / "in.txt" / "out.txt")
+    refused(capfd, ["translate", model, *given_input, "--output", inside_a_file], "in.txt is a file, not a directory")
+    pair = ["--source", str(tmp_path / "in.txt"), "--target", str(tmp_path / "in.txt")]
+    refused(capfd, ["score", model, *pair, "--output", str(tmp_path / "no" / "out.txt")], "--output", "no directory")
     refused(capfd, ["translate", model, "--input", str(tmp_path / "none.txt")], "--input", "no such file")
     refused(capfd, ["translate", model, "--input", str(tmp_path)], "--input", "a directory, not a file")
     reference = ["--reference", str(tmp_path / "in.txt")]
@@ -345,6 +351,24 @@ def test_plot_attention_names_the_valid_layers(tiny_folder, tmp_path, capfd) -> 
         ["plot-attention", str(tiny_folder), "--sentence", "red cat", "--output-dir", str(tmp_path / "file")],
         str(tmp_path / "file"),
     )
+
+
+def test_a_failed_plot_keeps_the_old_one_and_leaves_no_partial_file(tiny_folder, tmp_path, capfd, monkeypatch) -> None:
+    from matplotlib.figure import Figure
+
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    old = plots / "encoder_attention.png"
+    old.write_bytes(b"an earlier plot")
+
+    def disk_full(figure, path, **options) -> None:
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(Figure, "savefig", disk_full)
+    arguments = ["plot-attention", str(tiny_folder), "--sentence", "red cat", "--output-dir", str(plots)]
+    refused(capfd, arguments, "No space left on device", "encoder_attention.png")
+    assert old.read_bytes() == b"an earlier plot" and [path.name for path in plots.iterdir()] == [old.name]
 
 
 def test_push_with_the_hub_unreachable_is_one_line(folder_copy, capfd, monkeypatch) -> None:

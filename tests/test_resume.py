@@ -1,17 +1,25 @@
-"""`vaswani train` never loses a run and `--resume` never continues an inconsistent one."""
+"""`vaswani train` never loses a run, `--resume` never continues an inconsistent one, and a mistake in the output
+folder or the data is one line before any work."""
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 
 import hf_vaswani.cli
+import hf_vaswani.recipe
 from hf_vaswani.cli import main
+from hf_vaswani.plots import plot_training_curves
 from hf_vaswani.recipe import RUN_ENTRIES, RecipeSettings, check_output_dir
-from hf_vaswani.training import replace_folder, write_text_atomically
+from hf_vaswani.training import newest_complete_checkpoint, replace_folder, write_text_atomically
 
 SOURCES = ["the dog sleeps .", "the cat sleeps .", "the dog sees the cat .", "the cat sees the dog ."] * 5
 TARGETS = ["der Hund schläft .", "die Katze schläft .", "der Hund sieht die Katze .", "die Katze sieht den Hund ."] * 5
@@ -71,6 +79,15 @@ def refusal(capsys, arguments: list[str]) -> str:
     return error
 
 
+def no_corpus_reading(monkeypatch) -> None:
+    """Make reading the corpus fail the test: what is refused must be refused before it."""
+
+    def load_data(args):
+        raise AssertionError("the corpus was read before the output folder was checked")
+
+    monkeypatch.setattr(hf_vaswani.cli, "load_data", load_data)
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
@@ -91,11 +108,7 @@ def test_a_folder_holding_a_run_is_refused_before_the_corpus_is_read(
 ) -> None:
     run, corpus = finished_run
     before = snapshot(run)
-
-    def load_data(args):
-        raise AssertionError("the corpus was read before the output folder was checked")
-
-    monkeypatch.setattr(hf_vaswani.cli, "load_data", load_data)
+    no_corpus_reading(monkeypatch)
     assert named in refusal(capsys, train_arguments(run, corpus, *options))
     assert snapshot(run) == before
 
@@ -115,6 +128,155 @@ def test_resume_needs_the_record_of_the_run(copied_run, capsys) -> None:
     before = snapshot(run)
     assert "holds no run.json" in refusal(capsys, train_arguments(run, corpus, "--resume"))
     assert snapshot(run) == before
+
+
+RECORD_DAMAGES = {
+    "empty": (lambda record: "", "cannot be read (Expecting value: line 1 column 1 (char 0))"),
+    "cut short": (lambda record: record[: len(record) // 2], "cannot be read ("),
+    "not UTF-8": (lambda record: "\udcff" + record, "cannot be read ('utf-8' codec can't decode"),
+    "a list": (lambda record: "[]", "is not a run record (a JSON object with 'settings'"),
+    "no fingerprint": (
+        lambda record: json.dumps({"settings": json.loads(record)["settings"]}),
+        "is not a run record (a JSON object with 'settings', an object, and 'train_corpus_sha256', a string)",
+    ),
+    "an unknown setting": (
+        lambda record: json.dumps(json.loads(record) | {"settings": {"no_such_setting": 1}}),
+        "are not valid (RecipeSettings.__init__() got an unexpected keyword argument 'no_such_setting')",
+    ),
+    "a bad setting": (
+        lambda record: json.dumps(json.loads(record) | {"settings": {"max_steps": 0}}),
+        "are not valid (--max-steps must be positive, got 0)",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", RECORD_DAMAGES)
+def test_a_damaged_run_record_is_one_line_naming_it_and_the_run_is_kept(copied_run, capsys, monkeypatch, damage):
+    run, corpus = copied_run
+    damaged, named = RECORD_DAMAGES[damage]
+    record = run / "run.json"
+    record.write_bytes(damaged(record.read_text()).encode("utf-8", "surrogateescape"))
+    before = snapshot(run)
+    no_corpus_reading(monkeypatch)
+    error = refusal(capsys, train_arguments(run, corpus, "--resume"))
+    assert f"--resume: {record}" in error or f"--resume: the settings in {record}" in error, error
+    assert named in error and error.endswith(
+        "so the run cannot be checked; restore it or start again with --overwrite\n"
+    )
+    # without --resume the record is not read: the folder holds a run, whatever its record
+    assert "holds a previous run (run.json, " in refusal(capsys, train_arguments(run, corpus))
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_corpus_is_read(
+    tmp_path, capsys, monkeypatch, inside
+) -> None:
+    a_file = tmp_path / "results"
+    a_file.write_text("mine")
+    output_dir = a_file / "run" if inside else a_file
+    no_corpus_reading(monkeypatch)
+    error = refusal(capsys, train_arguments(output_dir, write_corpus(tmp_path / "corpus")))
+    problem = f"cannot be created: {a_file} is a file" if inside else "is a file, not a folder"
+    assert error == f"vaswani train: error: --output-dir {output_dir} {problem}\n"
+    assert a_file.read_text() == "mine"
+
+
+def test_a_failed_write_at_the_end_keeps_the_previous_run_whole(copied_run, capsys, monkeypatch) -> None:
+    run, corpus = copied_run
+    kept = {name: snapshot(run / name) for name in ("model", "tokenizer")}
+    kept |= {name: snapshot(run)[name] for name in ("results.json", "training_curves.png")}
+
+    def disk_full(model, tokenizer, folder: Path) -> None:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "model.safetensors"))
+
+    monkeypatch.setattr(hf_vaswani.recipe, "save_model_folder", disk_full)
+    # The run is finished: resuming trains no step, translates the test split again and writes the model folder anew.
+    with pytest.raises(SystemExit) as stopped:
+        main(train_arguments(run, corpus, "--resume"))
+    stderr = capsys.readouterr().err  # the progress bars of the work done, then the error
+    assert stopped.value.code == 2 and "Traceback" not in stderr
+    partial = run / f"model.tmp-{os.getpid()}" / "model.safetensors"
+    assert stderr.endswith(f"\nvaswani train: error: [Errno 28] No space left on device: '{partial}'\n")
+    now = {name: snapshot(run / name) for name in ("model", "tokenizer")}
+    assert now | {name: snapshot(run)[name] for name in ("results.json", "training_curves.png")} == kept
+    assert not list(run.glob("*.tmp-*")) and not list(run.glob("*.old-*"))
+
+
+CHECKPOINT_DAMAGES = {
+    "optimizer.pt": ("missing", "optimizer.pt: FileNotFoundError"),
+    "scheduler.pt": ("cut short", "scheduler.pt: BadZipFile"),
+    "rng_state.pth": ("missing", "no rng_state*.pth"),
+    "trainer_state.json": ("cut short", "trainer_state.json: JSONDecodeError"),
+}
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_DAMAGES)
+def test_a_checkpoint_killed_while_saving_is_moved_aside_for_the_previous_one(copied_run, caplog, name) -> None:
+    run, _ = copied_run
+    damage, problem = CHECKPOINT_DAMAGES[name]
+    path = run / "checkpoints" / "checkpoint-6" / name
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="hf_vaswani.training"):
+        assert newest_complete_checkpoint(run / "checkpoints") == run / "checkpoints" / "checkpoint-4"
+    assert [record.getMessage() for record in caplog.records if record.name == "hf_vaswani.training"] == [
+        f"{path.parent} is incomplete ({problem}); moved to incomplete-checkpoint-6; resuming from checkpoint-4"
+    ]
+    assert (run / "checkpoints" / "incomplete-checkpoint-6").is_dir() and not path.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--data", "files", "--test", "{train_en}", "{train_de}"], "--data files needs --train and --test"),
+        (["--data", "hub"], "--data hub needs --hub-name"),
+        (
+            ["--data", "files", "--train", "{missing}", "{train_de}", "--test", "{train_en}", "{train_de}"],
+            "[Errno 2] No such file or directory: '{missing}'",
+        ),
+        (["--data", "hub", "--hub-name", "{empty}"], "The directory at {empty} doesn't contain any data files"),
+    ],
+)
+def test_a_missing_corpus_is_one_line_and_writes_nothing(tmp_path, capsys, options, named) -> None:
+    write_corpus(tmp_path / "corpus")
+    (tmp_path / "empty").mkdir()
+    paths = {
+        "train_en": tmp_path / "corpus" / "train.en",
+        "train_de": tmp_path / "corpus" / "train.de",
+        "missing": tmp_path / "none.en",
+        "empty": tmp_path / "empty",
+    }
+    arguments = train_arguments(tmp_path / "run", [option.format(**paths) for option in options])
+    assert named.format(**paths) in refusal(capsys, arguments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_hub_unreachable_is_one_line(tmp_path) -> None:
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    environment = {
+        name: value for name, value in os.environ.items() if name not in ("HF_DATASETS_CACHE", "HF_HUB_CACHE")
+    }
+    name = "hf-vaswani-tests/no-such-corpus"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_vaswani.cli",
+            *train_arguments(tmp_path / "run", ["--data", "hub", "--hub-name", name]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment | offline,
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"vaswani train: error: Couldn't reach '{name}' on the Hub (OfflineModeIsEnabled)\n"
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("entry", RUN_ENTRIES)
@@ -181,10 +343,32 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path) -> None:
     with pytest.raises(KeyboardInterrupt):
         replace_folder(folder, killed_midway)
     assert (folder / "weights").read_text() == "old"
+    assert [path.name for path in tmp_path.iterdir()] == ["model"]  # the partial folder is gone
     replace_folder(folder, lambda temporary: temporary.mkdir() or (temporary / "config").write_text("new"))
     assert [path.name for path in folder.iterdir()] == ["config"]
     write_text_atomically(tmp_path / "results.json", "{}\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "results.json"]  # no temporary left
+
+
+def test_training_curves_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    curves = tmp_path / "training_curves.png"
+    curves.write_bytes(b"the previous run's curves")
+    history = [{"step": step, "loss": 5.0 / step, "learning_rate": 1e-3} for step in (1, 2, 3)]
+    savefig = Figure.savefig
+
+    def disk_full(figure, path, **options) -> None:
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(Figure, "savefig", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        plot_training_curves(history, curves)
+    assert curves.read_bytes() == b"the previous run's curves"
+    assert [path.name for path in tmp_path.iterdir()] == ["training_curves.png"]  # no partial file
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    plot_training_curves(history, curves)
+    assert curves.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # a PNG, though the temporary name is no .png
+    assert [path.name for path in tmp_path.iterdir()] == ["training_curves.png"]
 
 
 class ListHandler(logging.Handler):
