@@ -23,6 +23,8 @@ import ctypes
 import gc
 import json
 import multiprocessing
+import platform
+import re
 import statistics
 import tempfile
 import threading
@@ -45,6 +47,51 @@ PRESETS = {
     "tiny": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 256, "vocab": 1000},
 }
 EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last vocabulary entry, as CTranslate2 expects
+
+
+def machine_description(threads: int) -> dict[str, str | int]:
+    """What a figure depends on: CPU model, the ISA torch's kernels use, threads, and the library versions."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    cpu = names[0] if names else platform.processor() or "unknown CPU"
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
+    onednn = re.search(r"MKL-DNN v([\w.]+)", config)
+    return {
+        "cpu": cpu,
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "mkl": mkl.group(1) if mkl else "none",
+        "onednn": onednn.group(1) if onednn else "none",
+    }
+
+
+def measured_matmul_gflops(repeats: int = 5, size: int = 2048) -> float:
+    """This CPU's fp32 matmul rate (best of `repeats` square products), the bound's denominator."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up: thread pool, MKL's buffers
+    best = min(timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
+def timed(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def decoding_matmul_flops(preset: dict, sentences: int, beams: int, source_length: int, output_length: int) -> float:
+    """FLOPs of the matmuls decoding cannot avoid: per hypothesis and step, each decoder layer's projections (q, k, v, o
+    of self-attention, q and o of encoder-decoder attention), its two FFN matmuls, the attention products over the
+    tokens so far and the source, and the output projection to the vocabulary; plus the encoder-side keys and values
+    once per sentence. The encoder itself is left out (the same for every system, and small next to decoding)."""
+    d, ffn, layers, vocab = preset["d_model"], preset["ffn"], preset["layers"], preset["vocab"]
+    total = 0.0
+    for step in range(1, output_length + 1):
+        per_hypothesis = layers * (2 * 6 * d * d + 2 * 2 * d * ffn + 2 * 2 * d * (step + source_length)) + 2 * d * vocab
+        total += sentences * beams * per_hypothesis
+    return total + sentences * layers * 2 * 2 * d * d * source_length
 
 
 def parse_args() -> argparse.Namespace:
@@ -330,6 +377,10 @@ def main() -> None:
         )
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    machine = machine_description(args.threads)
+    print(", ".join(f"{key}: {value}" for key, value in machine.items()))
+    gflops = measured_matmul_gflops()
+    print(f"fp32 matmul rate (2048x2048 products, best of 5): {gflops:.0f} GFLOP/s")
     preset = PRESETS[args.preset]
     generator = torch.Generator().manual_seed(args.seed)
     marian, vaswani = build_models(preset)
@@ -398,18 +449,27 @@ def main() -> None:
 
     results = {"train tokens/s": medians(speed), "train peak RSS growth (MiB)": medians(memory)}
     results |= {f"{label} output tokens/s": medians(values) for label, values in decoding.items()}
+    if args.dtype == "fp32" and not args.int8:  # the bound is fp32 matmul work at the measured fp32 rate
+        for label, values in decoding.items():
+            beams = 1 if label == "greedy" else args.beam_size
+            flops = decoding_matmul_flops(preset, args.decode_batch_size, beams, args.source_length, args.output_length)
+            bound = args.decode_batch_size * args.output_length / (flops / (gflops * 1e9))
+            print(f"{label}: the matmul bound is {bound:.0f} output tokens/s ({flops / 1e9:.1f} GFLOP)")
+            results[f"{label} % of matmul bound"] = {
+                name: 100 * value / bound if value is not None else None for name, value in medians(values).items()
+            }
     meta = {
+        **machine,
+        "fp32 GFLOP/s": round(gflops),
         "preset": args.preset,
         **preset,
         "dtype": args.dtype,
         "int8 decoding": args.int8,
-        "threads": args.threads,
         "train batch": f"{args.batch_size}x{args.source_length}+{args.source_length}",
         "train steps": args.train_steps,
         "decode batch": args.decode_batch_size,
         "output length": args.output_length,
         "repeats": args.repeats,
-        "torch": torch.__version__,
     }
     print(write_outputs(results, meta, args.output_dir))
     print(f"wrote {args.output_dir}/benchmark.json, benchmark.md, benchmark.png")

@@ -10,17 +10,35 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_paths_vaswani
 from hf_vaswani.cli import main
-from hf_vaswani.fast_paths_vaswani import VaswaniDropout, VaswaniLinear, packed_decoder_weights
+from hf_vaswani.fast_paths_vaswani import VaswaniDropout, VaswaniLinear, packed_decoder_weights, packing_pays
 from hf_vaswani.inference import quantize_int8
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed weights need MKL")
 
 
+@pytest.fixture
+def packing_always_pays(monkeypatch):
+    """The packed kernel's results, whatever this CPU's measurement decides about its speed."""
+    monkeypatch.setattr(fast_paths_vaswani, "packing_pays", lambda *shape: True)
+
+
+@needs_mkl
+def test_packing_is_measured_once_per_shape_and_thread_count_and_followed() -> None:
+    packing_pays.cache_clear()
+    layers = [VaswaniLinear(48, 80), VaswaniLinear(48, 80), VaswaniLinear(80, 48)]
+    threads = torch.get_num_threads()
+    with packed_decoder_weights(layers):
+        packed = [layer.packed_weight is not None for layer in layers]
+    assert packing_pays.cache_info().misses == 2  # two shapes at this thread count, each timed once
+    assert packed == [packing_pays(48, 80, threads), packing_pays(48, 80, threads), packing_pays(80, 48, threads)]
+    assert packing_pays.cache_info().misses == 2
+
+
 @needs_mkl
 @pytest.mark.parametrize("rows", [1, 5, 32, 256, 300])
-def test_packed_projection_equals_torch_linear(rows: int) -> None:
+def test_packed_projection_equals_torch_linear(rows: int, packing_always_pays) -> None:
     torch.manual_seed(0)
     layer = VaswaniLinear(48, 80)
     inputs = torch.randn(rows, 1, 48)
@@ -38,7 +56,9 @@ def test_packed_projection_equals_torch_linear(rows: int) -> None:
 
 
 @needs_mkl
-def test_generate_after_an_in_place_weight_update_uses_the_new_weights(tiny_config_kwargs: dict) -> None:
+def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
+    tiny_config_kwargs: dict, packing_always_pays
+) -> None:
     """Fused AdamW updates weights without bumping their version: a packed copy kept across calls would go stale."""
     torch.manual_seed(0)
     config = VaswaniConfig(**tiny_config_kwargs)
