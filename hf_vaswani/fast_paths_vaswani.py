@@ -1,6 +1,7 @@
 """Faster paths for the model of modeling_vaswani.py: same functions, less time. Nothing here changes what is computed.
 
-- `VaswaniLinear`, `packed_decoder_weights`: nn.Linear multiplying by MKL-packed weights while decoding on a CPU.
+- `VaswaniLinear`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or oneDNN's, whichever
+  measures fastest on the running CPU) while decoding on a CPU.
 - `VaswaniDropout`: nn.Dropout with a cheaper CPU mask.
 - `attend_with_shared_source`: the beams of a sentence attend to one copy of its encoder states.
 
@@ -11,7 +12,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, partial
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -20,13 +22,14 @@ from torch import nn
 class VaswaniLinear(nn.Linear):
     """nn.Linear that multiplies few rows by a pre-packed weight in CPU inference.
 
-    MKL's sgemm packs the weight into its blocked layout on every call, which dominates when few rows are multiplied,
-    as in each decoding step. While `packed_weight` holds a packed copy (set by `packed_decoder_weights` for one
-    `generate` call), CPU inference on at most 256 rows multiplies by it instead: the same product up to float
-    rounding (README, "Performance").
+    A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
+    are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
+    by `packed_decoder_weights` for one `generate` call), CPU inference on at most 256 rows multiplies by it instead:
+    the same product up to float rounding (README, "Performance").
     """
 
     packed_weight: torch.Tensor | None = None
+    packed_kernel: str | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // self.in_features
@@ -39,68 +42,98 @@ class VaswaniLinear(nn.Linear):
         ):
             return super().forward(input)
         flat = input.reshape(rows, self.in_features)
-        output = torch.ops.mkl._mkl_linear(flat, self.packed_weight, self.weight, self.bias, rows)
+        output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
         return output.view(*input.shape[:-1], self.out_features)
 
 
-PACKING_MIN_SPEEDUP = 1.1  # below this, measurement noise could pick either kernel for nothing
-PACKING_ROWS_HINT = 32  # MKL packs for products of about this many rows: a beam-4 step of 8 sentences
+class PackedKernel(NamedTuple):
+    available: Callable[[], bool]
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    multiply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+ROWS_HINT = 32  # the kernels pack for products of about this many rows: a beam-4 step of 8 sentences
+PACKED_KERNELS = {
+    # MKL's sgemm on its packed format: fastest of the three on Intel CPUs, where MKL runs its AVX-512 kernels
+    "mkl": PackedKernel(
+        torch.backends.mkl.is_available,
+        lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, ROWS_HINT),
+        lambda flat, packed, weight, bias: torch.ops.mkl._mkl_linear(flat, packed, weight, bias, flat.shape[0]),
+    ),
+    # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): on an AMD EPYC 2-4x
+    # MKL's few-row products, whose AVX-512 kernels MKL keeps for Intel CPUs
+    "onednn": PackedKernel(
+        torch.backends.mkldnn.is_available,
+        lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT),
+        lambda flat, packed, weight, bias: torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], ""),
+    ),
+}
+MIN_SPEEDUP = 1.1  # below this over the plain product, measurement noise could pick a kernel for nothing
 
 
 @cache
-def packing_pays(in_features: int, out_features: int, threads: int, rows: int = 8) -> bool:
-    """Whether the MKL-packed product of `rows` rows beats nn.Linear's on this CPU, measured once per process and shape.
+def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> str | None:
+    """The PACKED_KERNELS entry fastest on this CPU for a weight of this shape, or None when none beats nn.Linear by
+    MIN_SPEEDUP; measured once per process, shape and thread count on products of 8 and 32 rows (greedy and beam-4
+    steps of 8 sentences).
 
-    It does not on every CPU: MKL takes its AVX-512 kernels only on Intel's, and the packing measured +31-35% end to end
-    on an Intel Xeon against +5-8% on an AMD EPYC (README, "Performance"). Timed rounds alternate between the two
-    kernels, the medians decide. `threads` keys the cache: the best kernel depends on it.
+    Which kernel wins depends on the CPU (README, "Performance"), so it is measured where the model runs. Timed rounds
+    alternate between the candidates; the medians decide.
     """
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACKING_ROWS_HINT)
-    inputs = torch.randn(rows, in_features)
-    products = {
-        "plain": lambda: nn.functional.linear(inputs, weight, bias),
-        "packed": lambda: torch.ops.mkl._mkl_linear(inputs, packed, weight, bias, rows),
+    inputs = [torch.randn(rows, in_features) for rows in (8, ROWS_HINT)]
+    multiplies: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
+        None: partial(nn.functional.linear, weight=weight, bias=bias)
     }
+    for name, kernel in PACKED_KERNELS.items():
+        if kernel.available():
+            multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
+    products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
     with torch.inference_mode():
         start = time.perf_counter()
-        products["plain"]()
-        products["packed"]()  # both warmed up: MKL's buffers, the thread pool
-        calls = max(1, int(2e-3 / (time.perf_counter() - start)))  # ~1 ms per timing; an output projection: one call
-        seconds: dict[str, list[float]] = {name: [] for name in products}
+        for product in products.values():  # warm-up: the thread pool, the libraries' buffers
+            product()
+        calls = max(1, int(len(products) * 1e-3 / (time.perf_counter() - start)))  # ~1 ms per timing at least
+        seconds: dict[str | None, list[float]] = {name: [] for name in products}
         for _ in range(5):
             for name, product in products.items():
                 start = time.perf_counter()
                 for _ in range(calls):
                     product()
                 seconds[name].append(time.perf_counter() - start)
-    return statistics.median(seconds["plain"]) >= PACKING_MIN_SPEEDUP * statistics.median(seconds["packed"])
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    fastest = min(medians, key=medians.get)
+    return fastest if medians[None] >= MIN_SPEEDUP * medians[fastest] else None
+
+
+def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [multiply(x) for x in inputs]
 
 
 @contextmanager
 def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
-    """MKL-packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block, for
-    the weight shapes where packing measured faster on this CPU (`packing_pays`).
+    """Packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block, in the
+    kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
 
     Scoped to one generation: the weights cannot change meanwhile (an in-place update such as fused AdamW's does not
     even bump a tensor's version counter, so a copy kept longer could silently go stale).
     """
     linears = [module for layer in layers for module in layer.modules() if isinstance(module, VaswaniLinear)]
-    eligible = torch.backends.mkl.is_available() and not torch.compiler.is_compiling()
     threads = torch.get_num_threads()
     for linear in linears:
         if (
-            eligible
-            and linear.weight.device.type == "cpu"
+            linear.weight.device.type == "cpu"
             and linear.weight.dtype == torch.float32
-            and packing_pays(linear.in_features, linear.out_features, threads)
+            and not torch.compiler.is_compiling()
+            and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads)) is not None
         ):
-            linear.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), PACKING_ROWS_HINT)
+            linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
+            linear.packed_kernel = kernel
     try:
         yield
     finally:
         for linear in linears:
-            linear.packed_weight = None
+            linear.packed_weight = linear.packed_kernel = None
 
 
 class VaswaniDropout(nn.Dropout):

@@ -47,10 +47,12 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
         rows_per_sentence = input_ids.shape[0] // self.source_lengths.shape[0]
         caps = self.source_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence) + self.extra_tokens
         generated = input_ids.shape[1] - self.start_length
-        at_cap = (generated + 1 >= caps)[:, None]
-        forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = 0.0
-        return torch.where(at_cap, forced, scores)
+        rows_at_cap = (generated + 1 >= caps).nonzero().squeeze(1)
+        if rows_at_cap.numel() == 0:  # most steps: no vocabulary-sized work at all
+            return scores
+        scores = scores.index_fill(0, rows_at_cap, -math.inf)  # only the rows at their cap change
+        scores[rows_at_cap, self.eos_token_id] = 0.0
+        return scores
 
 
 class PaperDecodingMixin:

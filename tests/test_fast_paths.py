@@ -12,38 +12,47 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_paths_vaswani
 from hf_vaswani.cli import main
-from hf_vaswani.fast_paths_vaswani import VaswaniDropout, VaswaniLinear, packed_decoder_weights, packing_pays
+from hf_vaswani.fast_paths_vaswani import (
+    PACKED_KERNELS,
+    VaswaniDropout,
+    VaswaniLinear,
+    fastest_packed_kernel,
+    packed_decoder_weights,
+)
 from hf_vaswani.inference import quantize_int8
 
-needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL-packed weights need MKL")
+AVAILABLE_KERNELS = [name for name, kernel in PACKED_KERNELS.items() if kernel.available()]
 
 
-@pytest.fixture
-def packing_always_pays(monkeypatch):
-    """The packed kernel's results, whatever this CPU's measurement decides about its speed."""
-    monkeypatch.setattr(fast_paths_vaswani, "packing_pays", lambda *shape: True)
+@pytest.fixture(params=AVAILABLE_KERNELS)
+def packed_kernel(request, monkeypatch) -> str:
+    """Each packed kernel this torch build has, whatever this CPU's measurement decides about their speed."""
+    monkeypatch.setattr(fast_paths_vaswani, "fastest_packed_kernel", lambda *shape: request.param)
+    return request.param
 
 
-@needs_mkl
-def test_packing_is_measured_once_per_shape_and_thread_count_and_followed() -> None:
-    packing_pays.cache_clear()
+def test_the_kernel_is_measured_once_per_shape_and_thread_count_and_used() -> None:
+    fastest_packed_kernel.cache_clear()
     layers = [VaswaniLinear(48, 80), VaswaniLinear(48, 80), VaswaniLinear(80, 48)]
     threads = torch.get_num_threads()
     with packed_decoder_weights(layers):
+        chosen = [layer.packed_kernel for layer in layers]
         packed = [layer.packed_weight is not None for layer in layers]
-    assert packing_pays.cache_info().misses == 2  # two shapes at this thread count, each timed once
-    assert packed == [packing_pays(48, 80, threads), packing_pays(48, 80, threads), packing_pays(80, 48, threads)]
-    assert packing_pays.cache_info().misses == 2
+    assert fastest_packed_kernel.cache_info().misses == 2  # two shapes at this thread count, each timed once
+    expected = [fastest_packed_kernel(48, 80, threads)] * 2 + [fastest_packed_kernel(80, 48, threads)]
+    assert chosen == expected and packed == [kernel is not None for kernel in expected]
+    assert set(expected) <= {None, *AVAILABLE_KERNELS}
+    assert fastest_packed_kernel.cache_info().misses == 2
+    assert all(layer.packed_weight is None and layer.packed_kernel is None for layer in layers)
 
 
-@needs_mkl
 @pytest.mark.parametrize("rows", [1, 5, 32, 256, 300])
-def test_packed_projection_equals_torch_linear(rows: int, packing_always_pays) -> None:
+def test_packed_projection_equals_torch_linear(rows: int, packed_kernel: str) -> None:
     torch.manual_seed(0)
     layer = VaswaniLinear(48, 80)
     inputs = torch.randn(rows, 1, 48)
     with packed_decoder_weights([layer]), torch.no_grad():
-        assert layer.packed_weight is not None
+        assert layer.packed_weight is not None and layer.packed_kernel == packed_kernel
         packed = layer(inputs)
     assert layer.packed_weight is None  # the copy lives for the block only
     with torch.no_grad():
@@ -55,9 +64,8 @@ def test_packed_projection_equals_torch_linear(rows: int, packing_always_pays) -
     assert torch.all((packed - expected).abs() <= bound), ((packed - expected).abs() / bound).max()
 
 
-@needs_mkl
 def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
-    tiny_config_kwargs: dict, packing_always_pays
+    tiny_config_kwargs: dict, packed_kernel: str
 ) -> None:
     """Fused AdamW updates weights without bumping their version: a packed copy kept across calls would go stale."""
     torch.manual_seed(0)
