@@ -34,11 +34,11 @@ class VaswaniLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // self.in_features
         if (
-            self.packed_weight is None
+            torch.compiler.is_compiling()  # first: compiled graphs keep to standard kernels and guard on no copy
+            or self.packed_weight is None
             or rows > 256
             or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
-            or torch.compiler.is_compiling()  # compiled graphs keep to standard kernels
         ):
             return super().forward(input)
         flat = input.reshape(rows, self.in_features)
