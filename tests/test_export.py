@@ -139,16 +139,6 @@ def test_exported_folder_holds_our_tokenizer_and_vocabulary(trained, exported):
     assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
 
 
-def test_int8_export_translates_the_probe_sentences(trained, tmp_path):
-    model, tokenizer, folder = trained
-    output = export_ctranslate2(folder, tmp_path / "int8", quantization="int8")
-    translator = ctranslate2.Translator(str(output), compute_type="int8", intra_threads=1)
-    results = translator.translate_batch(ct2_tokens(tokenizer, PROBE), beam_size=1, max_decoding_length=MAX_NEW_TOKENS)
-    assert [tokenizer.convert_tokens_to_string(result.hypotheses[0]) for result in results] == [
-        sentence.upper() for sentence in PROBE
-    ]
-
-
 VARIANTS = {
     "paper": {},
     "untied, unshared, output bias, unscaled, eps 1e-5": dict(
