@@ -352,13 +352,18 @@ def test_sharing_switches_are_independent(tmp_path, tiny_config_kwargs: dict, sh
 # --- attention implementations, caching and padding ----------------------------------------------------------------
 
 
-def test_eager_and_sdpa_agree(tiny_config_kwargs: dict) -> None:
-    eager, sdpa = make_model("eager", **tiny_config_kwargs), make_model("sdpa", **tiny_config_kwargs)
+def padded_pair_batch() -> dict[str, torch.Tensor]:
+    """Three source/target pairs of different lengths, right-padded, for the vocabulary of tiny_config_kwargs."""
     source, source_mask = padded_batch(61, [9, 2, 5])
     target, target_mask = padded_batch(61, [6, 3, 6], seed=4)
-    inputs = dict(
+    return dict(
         input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
     )
+
+
+def test_eager_and_sdpa_agree(tiny_config_kwargs: dict) -> None:
+    eager, sdpa = make_model("eager", **tiny_config_kwargs), make_model("sdpa", **tiny_config_kwargs)
+    inputs = padded_pair_batch()
     torch.testing.assert_close(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5, rtol=1e-5)
 
 
@@ -378,11 +383,7 @@ def test_a_registered_attention_function_is_used_with_transformers_masks(tiny_co
     AttentionInterface.register("recording_sdpa", recording_sdpa)
     AttentionMaskInterface.register("recording_sdpa", sdpa_mask)  # a kernel names the masks it takes
     eager, recorded = make_model("eager", **tiny_config_kwargs), make_model("recording_sdpa", **tiny_config_kwargs)
-    source, source_mask = padded_batch(61, [9, 2, 5])
-    target, target_mask = padded_batch(61, [6, 3, 6], seed=4)
-    inputs = dict(
-        input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
-    )
+    inputs = padded_pair_batch()
     torch.testing.assert_close(recorded(**inputs).logits, eager(**inputs).logits, atol=1e-5, rtol=1e-5)
     config = recorded.config
     assert len(calls) == config.encoder_layers + 2 * config.decoder_layers
