@@ -2,33 +2,24 @@
 decoding and scoring; whatever cannot be expressed is refused by name."""
 
 import json
-import random
 
 import pytest
 import torch
+from helpers import PROBE_SENTENCES
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
 from hf_vaswani.cli import main
 from hf_vaswani.export import export_ctranslate2, to_marian, write_ctranslate2
-from hf_vaswani.generation_vaswani import paper_generation_config
-from hf_vaswani.tokenization import train_shared_bpe
+from hf_vaswani.inference import load_model_folder
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-WORDS = "red blue green cat dog tree sun moon house river stone bird fish cloud".split()
 # Greedy decoding is compared token for token, so every step must be decided by much more than float rounding
-# (~1e-5 between torch and CTranslate2 here): the toy model trains until its smallest top-1 vs top-2 logit gap on the
-# probe sentences is this large.
+# (~1e-5 between torch and CTranslate2 here): the suite's toy model (conftest's trained_folder) is trained until its
+# right-vs-best-wrong logit margin on the probe sentences is helpers.LOGIT_MARGIN, and greedy's top-1 vs top-2 gap along
+# its output, asserted below, must be at least this.
 CONFIDENT_LOGIT_GAP = 1.0
-PROBE = ["red cat sun", "blue dog moon river", "green tree", "bird fish cloud stone house", "sun sun moon"]
 MAX_NEW_TOKENS = 12
-
-
-def toy_pairs(count: int, seed: int) -> list[tuple[str, str]]:
-    """Copy-and-capitalise: 'red cat' -> 'RED CAT', 1-5 words."""
-    generator = random.Random(seed)
-    sentences = [" ".join(generator.choices(WORDS, k=generator.randint(1, 5))) for _ in range(count)]
-    return [(sentence, sentence.upper()) for sentence in sentences]
 
 
 def greedy_with_gap(model, tokenizer, sentences: list[str]) -> tuple[list[list[int]], float]:
@@ -49,44 +40,10 @@ def greedy_with_gap(model, tokenizer, sentences: list[str]) -> tuple[list[list[i
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny model trained on the toy task until it translates the probe sentences right with a wide logit gap."""
-    pairs = toy_pairs(5000, seed=0)
-    tokenizer = train_shared_bpe([text for pair in pairs for text in pair], vocab_size=400, min_frequency=1)
-    torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer),
-        d_model=64,
-        d_ff=128,
-        num_heads=4,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        label_smoothing=0.0,
-    )
-    model = VaswaniForConditionalGeneration(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
-    generator = random.Random(0)
-    expected = [tokenizer(sentence.upper())["input_ids"] for sentence in PROBE]
-    gap = -torch.inf
-    for step in range(1, 2001):
-        batch = generator.sample(pairs, 32)
-        inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch], return_tensors="pt", padding=True)
-        inputs["labels"] = inputs["labels"].masked_fill(inputs["labels"] == tokenizer.pad_token_id, -100)
-        model.train()
-        loss = model(**inputs).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 50 == 0:
-            outputs, gap = greedy_with_gap(model.eval(), tokenizer, PROBE)
-            if outputs == expected and gap >= CONFIDENT_LOGIT_GAP:
-                print(f"trained: the criterion held after {step} steps, logit gap {gap:.2f}")  # shown with -s
-                model.generation_config = paper_generation_config(config)  # as the training recipe saves it
-                folder = tmp_path_factory.mktemp("trained") / "model"
-                save_model_folder(model, tokenizer, folder)
-                return model, tokenizer, folder
-    pytest.fail(f"the toy model did not learn the task in 2000 steps (smallest logit gap {gap:.2f})")
+def trained(trained_folder):
+    """The suite's toy model, trained until every probe sentence translates to its capitals (conftest.py)."""
+    model, tokenizer = load_model_folder(trained_folder)
+    return model, tokenizer, trained_folder
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +58,11 @@ def ct2_tokens(tokenizer, sentences: list[str]) -> list[list[str]]:
 
 def test_ctranslate2_greedy_equals_ours_token_for_token(trained, exported):
     model, tokenizer, _ = trained
-    ours, gap = greedy_with_gap(model, tokenizer, PROBE)
+    ours, gap = greedy_with_gap(model, tokenizer, PROBE_SENTENCES)
     assert gap >= CONFIDENT_LOGIT_GAP
     translator = ctranslate2.Translator(str(exported), intra_threads=1)
     results = translator.translate_batch(
-        ct2_tokens(tokenizer, PROBE), beam_size=1, max_decoding_length=MAX_NEW_TOKENS, return_end_token=True
+        ct2_tokens(tokenizer, PROBE_SENTENCES), beam_size=1, max_decoding_length=MAX_NEW_TOKENS, return_end_token=True
     )
     assert [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results] == ours
 
@@ -114,7 +71,7 @@ def test_ctranslate2_beam_search_agrees_with_transformers_length_penalty(trained
     """CTranslate2's length penalty is transformers' score / length^alpha, so beams agree with length_penalty_type
     "power" (the paper's GNMT penalty has no CTranslate2 counterpart)."""
     model, tokenizer, _ = trained
-    sentences = [source for source, _ in toy_pairs(8, seed=1)] + PROBE
+    sentences = PROBE_SENTENCES
     ours = model.generate(
         **tokenizer(sentences, return_tensors="pt", padding=True),
         num_beams=4,
@@ -134,7 +91,10 @@ def test_exported_folder_holds_our_tokenizer_and_vocabulary(trained, exported):
     _, tokenizer, _ = trained
     from transformers import AutoTokenizer
 
-    assert AutoTokenizer.from_pretrained(exported)("red cat")["input_ids"] == tokenizer("red cat")["input_ids"]
+    assert (
+        AutoTokenizer.from_pretrained(exported)(PROBE_SENTENCES[0])["input_ids"]
+        == tokenizer(PROBE_SENTENCES[0])["input_ids"]
+    )
     vocabulary = json.loads((exported / "shared_vocabulary.json").read_text())
     assert vocabulary == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
 
