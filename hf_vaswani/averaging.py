@@ -68,8 +68,11 @@ _TOKENIZER_FILES = (
 _IRRELEVANT_CONFIG_KEYS = ("transformers_version", "_name_or_path")
 
 
-def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
+def last_checkpoints(output_dir: str | Path, n: int, up_to_step: int | None = None) -> list[Path]:
     """The ``checkpoint-<step>`` subfolders of ``output_dir`` with the ``n`` highest steps, oldest first.
+
+    With ``up_to_step``, only checkpoints of that step or earlier count (the average that ends at the best validated
+    step rather than at the last one).
 
     Steps are compared as numbers (``checkpoint-100`` is later than ``checkpoint-20``). The latest checkpoint comes
     last, which is the one :func:`average_checkpoints` takes its config and tokenizer from. If fewer than ``n`` exist,
@@ -77,7 +80,7 @@ def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
 
     Raises:
         FileNotFoundError: ``output_dir`` is not a directory.
-        ValueError: ``n < 1`` or there is no checkpoint folder at all.
+        ValueError: ``n < 1`` or there is no checkpoint folder at all (at or before ``up_to_step``).
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -91,6 +94,10 @@ def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
             steps.append((int(match.group(1)), child))
     if not steps:
         raise ValueError(f"no checkpoint-<step> folder in {output_dir}")
+    if up_to_step is not None:
+        steps = [(step, path) for step, path in steps if step <= up_to_step]
+        if not steps:
+            raise ValueError(f"no checkpoint-<step> folder of step {up_to_step} or earlier in {output_dir}")
     steps.sort()
     if len(steps) < n:
         warnings.warn(f"asked for the last {n} checkpoints but {output_dir} holds only {len(steps)}", stacklevel=2)

@@ -29,6 +29,7 @@ from .training import (
     CheckpointAveragingCallback,
     ValidationBleuCallback,
     VaswaniTrainer,
+    best_validation,
     newest_complete_checkpoint,
     paper_training_arguments,
     replace_folder,
@@ -112,7 +113,10 @@ class RecipeSettings:
     )
     early_stopping_patience: int | None = field(
         default=None,
-        metadata={"help": "stop when validation BLEU has not improved for this many evaluations; None: never"},
+        metadata={
+            "help": "stop when validation BLEU has not improved for this many evaluations; the averaged checkpoints "
+            "then end at the best validated step; None: never"
+        },
     )
     seed: int = field(
         default=0, metadata={"help": "seed of the initial weights, data order and dropout (and the embedded corpus)"}
@@ -391,7 +395,7 @@ def run_recipe(
         learning_rate=settings.learning_rate_scale,  # VaswaniTrainer multiplies Eq. 3 by it
         gradient_accumulation_steps=settings.update_freq,
         save_steps=settings.save_steps,
-        save_total_limit=settings.average_last,
+        save_total_limit=checkpoints_to_keep(settings),
         logging_steps=settings.logging_steps,
         seed=settings.seed,
         data_seed=settings.seed,
@@ -416,7 +420,9 @@ def run_recipe(
     set_seed(settings.seed)  # the initial weights too are a function of the seed
     model = build_model(settings, tokenizer)
     tokenized = tokenize_corpus(corpus["train"], tokenizer)
-    averaging = CheckpointAveragingCallback(settings.average_last)
+    averaging = CheckpointAveragingCallback(
+        settings.average_last, end_at_best_validation=settings.early_stopping_patience is not None
+    )
     trainer = VaswaniTrainer(
         model=model,
         args=args,
@@ -500,21 +506,28 @@ def run_recipe(
 
 
 def validation_summary(log_history: list[dict]) -> dict:
-    """Validation BLEU (greedy unless eval_bleu_num_beams) at every evaluation and the step where it was best.
-
-    Read from the log history, which a resumed run restores from its checkpoint, so the curve covers the whole run.
-    """
+    """Validation BLEU (greedy unless eval_bleu_num_beams) at every evaluation and the step where it was best."""
     curve = [
         {key: round(entry[key], 2) for key in ("step", "elapsed_minutes", *VALIDATION_SCORES)}
         for entry in log_history
         if VALIDATION_SCORES[0] in entry
     ]
-    best = max(curve, key=lambda point: point[VALIDATION_SCORES[0]], default=None)  # the first of equal scores
+    best = best_validation(log_history)
     return {
         "best_step": best["step"] if best else None,
-        "best_bleu": best[VALIDATION_SCORES[0]] if best else None,
+        "best_bleu": round(best[VALIDATION_SCORES[0]], 2) if best else None,
         "curve": curve,
     }
+
+
+def checkpoints_to_keep(settings: RecipeSettings) -> int:
+    """Checkpoints the run keeps on disk (Trainer's `save_total_limit`): those averaged, and with early stopping also
+    those saved after the best step until training stops (`patience` evaluations, each a checkpoint every
+    `save_steps`, plus the one saved at the stop), so that the average can end at the best step."""
+    if settings.early_stopping_patience is None:
+        return settings.average_last
+    saves_per_evaluation = -(-settings.eval_bleu_steps // settings.save_steps)
+    return settings.average_last + settings.early_stopping_patience * saves_per_evaluation + 1
 
 
 def cpu_model_name() -> str:

@@ -266,20 +266,35 @@ class VaswaniTrainer(Seq2SeqTrainer):
 class CheckpointAveragingCallback(TrainerCallback):
     """§6.1: at the end of training, average the last `num_checkpoints` saved checkpoints into `output_dir/averaged`.
 
-    Keep `save_total_limit` (if set) at least `num_checkpoints`, or the older ones are gone before the average.
+    With `end_at_best_validation`, the average ends at the step of the best validation BLEU that
+    `ValidationBleuCallback` logged (early stopping trains on past it) instead of at the last checkpoint. Keep
+    `save_total_limit` (if set) large enough for the checkpoints averaged, or they are gone before the average.
     """
 
-    def __init__(self, num_checkpoints: int = 5, subdirectory: str = "averaged") -> None:
+    def __init__(
+        self, num_checkpoints: int = 5, subdirectory: str = "averaged", end_at_best_validation: bool = False
+    ) -> None:
         self.num_checkpoints = num_checkpoints
         self.subdirectory = subdirectory
+        self.end_at_best_validation = end_at_best_validation
         self.averaged_path: Path | None = None
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         if state.is_world_process_zero:
-            checkpoints = last_checkpoints(args.output_dir, self.num_checkpoints)
+            best = best_validation(state.log_history) if self.end_at_best_validation else None
+            last_step = best["step"] if best else None
+            checkpoints = last_checkpoints(args.output_dir, self.num_checkpoints, up_to_step=last_step)
             self.averaged_path = replace_folder(
                 Path(args.output_dir) / self.subdirectory, lambda folder: average_checkpoints(checkpoints, folder)
             )
+
+
+def best_validation(log_history: list[dict]) -> dict | None:
+    """The entry `ValidationBleuCallback` logged with the highest validation sacreBLEU (the first of equal ones).
+
+    Read from the log history, which a resumed run restores from its checkpoint, so it covers the whole run.
+    """
+    return max((entry for entry in log_history if "eval_bleu" in entry), key=lambda e: e["eval_bleu"], default=None)
 
 
 class ValidationBleuCallback(TrainerCallback):
@@ -289,7 +304,9 @@ class ValidationBleuCallback(TrainerCallback):
     does) and logs through `log` (give it `trainer.log`: the entry then lands in `state.log_history` and every
     reporting callback) `eval_bleu` (sacreBLEU), `eval_lowercased_tokenized_bleu` and `elapsed_minutes` since training
     began, for the training-curve plot. Keeps the best step (`best_step`, `best_bleu`, by sacreBLEU) and, with
-    `early_stopping_patience`, stops training when BLEU has not improved for that many evaluations in a row.
+    `early_stopping_patience`, saves a checkpoint at each new best and stops training when BLEU has not improved for
+    that many evaluations in a row (`CheckpointAveragingCallback(end_at_best_validation=True)` then averages up to the
+    best).
 
     Written here rather than through transformers' evaluation loop and EarlyStoppingCallback: that loop runs a loss pass
     over the whole set and generates in unsorted padded batches, and EarlyStoppingCallback needs it (it reads the
@@ -352,6 +369,8 @@ class ValidationBleuCallback(TrainerCallback):
         if self.best_bleu is None or bleu > self.best_bleu:
             self.best_step, self.best_bleu = state.global_step, bleu
             self.evaluations_without_improvement = 0
+            if self.early_stopping_patience:
+                control.should_save = True  # the best step becomes a checkpoint, for an average that ends there
         else:
             self.evaluations_without_improvement += 1
         if self.early_stopping_patience and self.evaluations_without_improvement >= self.early_stopping_patience:

@@ -1,16 +1,18 @@
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, TrainerControl, TrainerState
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.averaging import average_checkpoints, last_checkpoints
+from hf_vaswani.training import CheckpointAveragingCallback
 
 STEPS = (5, 10, 100)
 
@@ -64,6 +66,32 @@ def test_last_checkpoints_refuses_empty_folder_and_bad_n(tmp_path: Path) -> None
         last_checkpoints(tmp_path, 0)
     with pytest.raises(FileNotFoundError):
         last_checkpoints(tmp_path / "missing", 1)
+
+
+def test_last_checkpoints_up_to_a_step(run: tuple[Path, list]) -> None:
+    output_dir, _ = run
+    assert [path.name for path in last_checkpoints(output_dir, 2, up_to_step=10)] == ["checkpoint-5", "checkpoint-10"]
+    assert [path.name for path in last_checkpoints(output_dir, 1, up_to_step=99)] == ["checkpoint-10"]
+    with pytest.raises(ValueError, match="no checkpoint-<step> folder of step 4 or earlier"):
+        last_checkpoints(output_dir, 1, up_to_step=4)
+
+
+@pytest.mark.parametrize(("end_at_best", "averaged_steps"), [(True, (5, 10)), (False, (10, 100))])
+def test_averaging_callback_ends_at_the_best_validated_step_when_asked(
+    run: tuple[Path, list], tmp_path: Path, end_at_best: bool, averaged_steps: tuple[int, ...]
+) -> None:
+    output_dir, state_dicts = run
+    # validation BLEU as ValidationBleuCallback logs it: best at step 10, the run went on to step 100
+    history = [{"eval_bleu": 20.0, "step": 5}, {"loss": 3.0, "step": 10}, {"eval_bleu": 31.5, "step": 10}]
+    history += [{"eval_bleu": 31.5, "step": 50}, {"eval_bleu": 30.0, "step": 100}]
+    callback = CheckpointAveragingCallback(
+        2, subdirectory=str(tmp_path / "averaged"), end_at_best_validation=end_at_best
+    )
+    callback.on_train_end(SimpleNamespace(output_dir=output_dir), TrainerState(log_history=history), TrainerControl())
+    averaged = VaswaniForConditionalGeneration.from_pretrained(callback.averaged_path).state_dict()
+    chosen = [state_dicts[STEPS.index(step)] for step in averaged_steps]
+    for name in state_dicts[0]:
+        torch.testing.assert_close(averaged[name], expected_mean(chosen, name), rtol=0, atol=1e-6)
 
 
 def test_average_matches_the_elementwise_mean_and_loads(run: tuple[Path, list], tmp_path: Path) -> None:

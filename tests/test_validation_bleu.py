@@ -14,7 +14,7 @@ from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.inference import translate
 from hf_vaswani.plots import plot_training_curves
-from hf_vaswani.recipe import RecipeSettings, run_recipe
+from hf_vaswani.recipe import RecipeSettings, checkpoints_to_keep, run_recipe
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import ValidationBleuCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
@@ -26,7 +26,9 @@ def tokenizer():
     return train_shared_bpe([text for pair in PAIRS for text in pair], vocab_size=300, min_frequency=1)
 
 
-def tiny_trainer(tokenizer, tmp_path, max_steps: int, learning_rate: float = 1.0) -> VaswaniTrainer:
+def tiny_trainer(
+    tokenizer, tmp_path, max_steps: int, learning_rate: float = 1.0, save_steps: int | None = None
+) -> VaswaniTrainer:
     torch.manual_seed(0)
     config = VaswaniConfig(
         vocab_size=len(tokenizer),
@@ -42,8 +44,9 @@ def tiny_trainer(tokenizer, tmp_path, max_steps: int, learning_rate: float = 1.0
     model = VaswaniForConditionalGeneration(config)
     model.generation_config.max_new_tokens = 10
     train = tokenize_corpus(Dataset.from_dict({"source": SOURCES * 4, "target": REFERENCES * 4}), tokenizer)
+    saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
     args = paper_training_arguments(
-        tmp_path, max_steps=max_steps, warmup_steps=4, learning_rate=learning_rate, save_strategy="no", logging_steps=1
+        tmp_path, max_steps=max_steps, warmup_steps=4, learning_rate=learning_rate, logging_steps=1, **saving
     )
     collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     return VaswaniTrainer(
@@ -92,6 +95,33 @@ def test_early_stopping_stops_when_bleu_stops_improving(tokenizer, tmp_path) -> 
     assert trainer.state.global_step == 6  # evaluations at 2 (best), 4 and 6 (two without improvement)
     assert [entry["step"] for entry in validation_entries(trainer)] == [2, 4, 6]
     assert callback.best_step == 2
+
+
+def test_early_stopping_saves_the_best_step_and_the_last(tokenizer, tmp_path) -> None:
+    # Checkpoints every 100 steps would give none in 6 steps: those saved are the best (2) and the stop (6).
+    trainer = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0, save_steps=100)
+    callback = ValidationBleuCallback(
+        tokenizer, SOURCES, REFERENCES, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
+    )
+    trainer.add_callback(callback)
+    trainer.train()
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
+
+
+@pytest.mark.parametrize(
+    ("patience", "eval_bleu_steps", "save_steps", "kept"),
+    # average 5; after the best: patience x ceil(eval / save) checkpoints, and the one saved at the stop
+    [(None, 100, 50, 5), (2, 100, 50, 5 + 2 * 2 + 1), (3, 100, 40, 5 + 3 * 3 + 1), (1, 30, 100, 5 + 1 + 1)],
+)
+def test_checkpoints_kept_cover_the_average_up_to_the_best(patience, eval_bleu_steps, save_steps, kept) -> None:
+    settings = RecipeSettings(
+        average_last=5,
+        save_steps=save_steps,
+        max_steps=1000,
+        eval_bleu_steps=eval_bleu_steps,
+        early_stopping_patience=patience,
+    )
+    assert checkpoints_to_keep(settings) == kept
 
 
 def test_early_stopping_needs_validation() -> None:
