@@ -477,7 +477,7 @@ def run_recipe(
         "final_training_loss": round(train_output.training_loss, 4),
         "parameters": model.num_parameters(),
         "test_sentences": len(sources),
-        "averaged_checkpoints": settings.average_last,
+        "averaged_checkpoints": [checkpoint.name for checkpoint in averaging.checkpoints],
         "validation": validation_summary(trainer.state.log_history) if validation else None,
         "settings": asdict(settings),
         # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one

@@ -278,14 +278,15 @@ class CheckpointAveragingCallback(TrainerCallback):
         self.subdirectory = subdirectory
         self.end_at_best_validation = end_at_best_validation
         self.averaged_path: Path | None = None
+        self.checkpoints: list[Path] = []  # those averaged, oldest first
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         if state.is_world_process_zero:
             best = best_validation(state.log_history) if self.end_at_best_validation else None
             last_step = best["step"] if best else None
-            checkpoints = last_checkpoints(args.output_dir, self.num_checkpoints, up_to_step=last_step)
+            self.checkpoints = last_checkpoints(args.output_dir, self.num_checkpoints, up_to_step=last_step)
             self.averaged_path = replace_folder(
-                Path(args.output_dir) / self.subdirectory, lambda folder: average_checkpoints(checkpoints, folder)
+                Path(args.output_dir) / self.subdirectory, lambda folder: average_checkpoints(self.checkpoints, folder)
             )
 
 

@@ -88,6 +88,7 @@ def test_averaging_callback_ends_at_the_best_validated_step_when_asked(
         2, subdirectory=str(tmp_path / "averaged"), end_at_best_validation=end_at_best
     )
     callback.on_train_end(SimpleNamespace(output_dir=output_dir), TrainerState(log_history=history), TrainerControl())
+    assert [path.name for path in callback.checkpoints] == [f"checkpoint-{step}" for step in averaged_steps]
     averaged = VaswaniForConditionalGeneration.from_pretrained(callback.averaged_path).state_dict()
     chosen = [state_dicts[STEPS.index(step)] for step in averaged_steps]
     for name in state_dicts[0]:

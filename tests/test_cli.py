@@ -58,6 +58,7 @@ def test_train_from_local_files(tmp_path) -> None:
     )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
+    assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # every 2 steps, last 3
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
     assert (config["label_smoothing"], config["d_ff"]) == (0.2, 64)
