@@ -84,6 +84,13 @@ class RecipeSettings:
         },
     )
     max_steps: int = field(default=100000, metadata={"help": "optimizer steps to train"})
+    cooldown_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "last steps over which the learning rate falls linearly to zero (not in the paper, whose Eq. 3 "
+            "never reaches zero; helps a short run); None: Eq. 3 to the end"
+        },
+    )
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
     save_steps: int = field(default=1000, metadata={"help": "optimizer steps between checkpoints"})
     logging_steps: int = field(
@@ -133,6 +140,7 @@ class RecipeSettings:
             "update_freq",
             "warmup_steps",
             "max_steps",
+            "cooldown_steps",
             "average_last",
             "save_steps",
             "logging_steps",
@@ -151,6 +159,11 @@ class RecipeSettings:
             raise ValueError(
                 f"{setting_flag('early_stopping_patience')} needs validation BLEU: set "
                 f"{setting_flag('eval_bleu_steps')}"
+            )
+        if self.cooldown_steps is not None and self.cooldown_steps > self.max_steps:
+            raise ValueError(
+                f"{setting_flag('cooldown_steps')} ({self.cooldown_steps}) is larger than {setting_flag('max_steps')} "
+                f"({self.max_steps})"
             )
         if self.bf16 and self.fp16:
             raise ValueError(f"{setting_flag('bf16')} and {setting_flag('fp16')} exclude each other")
@@ -216,9 +229,9 @@ def check_output_dir(
     """Refuse, in one ValueError line, an output folder that cannot be written or would mix or lose runs; reads only.
 
     A folder holding a previous run is continued with `resume` (its corpus, checked later, and settings must be the
-    same but RESUMABLE_SETTINGS, max_steps only growing) or replaced with `overwrite`, never reused silently. `resume`
-    on a folder without a run starts one. Returns the previous run's record when resuming one, else None. Only the main
-    process judges a run in the folder: the others would see what it has just written.
+    same but RESUMABLE_SETTINGS, max_steps only growing and only without a cooldown) or replaced with `overwrite`, never
+    reused silently. `resume` on a folder without a run starts one. Returns the previous run's record when resuming one,
+    else None. Only the main process judges a run in the folder: the others would see what it has just written.
     """
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
@@ -294,7 +307,9 @@ def settings_differences(previous: RecipeSettings, current: RecipeSettings) -> l
         before, now = getattr(previous, name), getattr(current, name)
         if name in ("preset", "model_overrides") or before == now:  # the config covers them
             continue
-        if name not in RESUMABLE_SETTINGS or (name == "max_steps" and now < before):
+        # A cooldown ends at max_steps: a longer run would raise a learning rate that has already fallen.
+        refused_length = name == "max_steps" and (now < before or current.cooldown_steps is not None)
+        if name not in RESUMABLE_SETTINGS or refused_length:
             differences.append(f"{setting_flag(name)} was {before}, now {now}")
     return differences
 
@@ -430,6 +445,7 @@ def run_recipe(
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
         max_tokens=settings.max_tokens,
+        cooldown_steps=settings.cooldown_steps,
         callbacks=[averaging],
     )
     validation = None

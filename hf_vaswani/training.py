@@ -41,13 +41,34 @@ def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
     return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def paper_lr_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int) -> LambdaLR:
-    """Eq. 3 as a scheduler; the optimizer's base learning rate multiplies it (1.0 gives the paper's values)."""
+def paper_lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    d_model: int,
+    warmup_steps: int,
+    cooldown_steps: int | None = None,
+    total_steps: int | None = None,
+) -> LambdaLR:
+    """Eq. 3 as a scheduler; the optimizer's base learning rate multiplies it (1.0 gives the paper's values).
+
+    With `cooldown_steps` (not in the paper), Eq. 3's rate is also multiplied by a factor falling linearly from 1 to
+    0 over the last `cooldown_steps` of `total_steps` (the last update gets 1 / cooldown_steps of Eq. 3): Eq. 3 alone
+    never decays to zero, which a run of a fixed, short length can use (Hägele et al., 2024, "Scaling Laws and
+    Compute-Optimal Training beyond Fixed Training Durations").
+    """
     if warmup_steps <= 0:
         raise ValueError(f"warmup_steps must be positive for the paper's schedule, got {warmup_steps}")
-    # transformers' `inverse_sqrt` is this formula one update late (its first update has learning rate 0): LambdaLR
-    # counts updates from 0, the paper from 1.
-    return LambdaLR(optimizer, lambda update: paper_learning_rate(update + 1, d_model, warmup_steps))
+    if cooldown_steps is not None and not (total_steps is not None and 0 < cooldown_steps <= total_steps):
+        raise ValueError(f"cooldown_steps must be in 1..total_steps ({total_steps}), got {cooldown_steps}")
+
+    def multiplier(update: int) -> float:
+        # transformers' `inverse_sqrt` is Eq. 3 one update late (its first update has learning rate 0): LambdaLR
+        # counts updates from 0, the paper from 1.
+        rate = paper_learning_rate(update + 1, d_model, warmup_steps)
+        if cooldown_steps is not None:
+            rate *= min(1.0, max(0, total_steps - update) / cooldown_steps)
+        return rate
+
+    return LambdaLR(optimizer, multiplier)
 
 
 def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrainingArguments:
@@ -196,14 +217,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
     With `max_tokens`, each training batch holds sentence pairs of similar length with at most `max_tokens` (padded)
     source tokens and as many target tokens, sharded over processes so that each pair is seen once per epoch;
     `per_device_train_batch_size` is then unused. The schedule uses `args.warmup_steps` and the model's d_model, scaled
-    by `args.learning_rate`.
+    by `args.learning_rate`, and with `cooldown_steps` falls linearly to zero over the run's last steps
+    (`paper_lr_scheduler`).
     """
 
-    def __init__(self, *args, max_tokens: int | None = None, **kwargs) -> None:
+    def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if max_tokens is not None and max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
+        self.cooldown_steps = cooldown_steps
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         if self.max_tokens is None:
@@ -246,7 +269,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
     ) -> torch.optim.lr_scheduler.LRScheduler:
         if self.lr_scheduler is None:
             warmup = self.args.get_warmup_steps(num_training_steps)
-            self.lr_scheduler = paper_lr_scheduler(optimizer or self.optimizer, self.model.config.d_model, warmup)
+            self.lr_scheduler = paper_lr_scheduler(
+                optimizer or self.optimizer,
+                self.model.config.d_model,
+                warmup,
+                cooldown_steps=self.cooldown_steps,
+                total_steps=num_training_steps,
+            )
         return self.lr_scheduler
 
     def _issue_warnings_after_load(self, load_result) -> None:

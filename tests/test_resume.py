@@ -101,6 +101,11 @@ def no_corpus_reading(monkeypatch) -> None:
         (["--resume", "--model-override", "d_model=64"], "--resume: d_k was 8, now 16; d_model was 32, now 64; d_v "),
         (["--resume", "--vocab-size", "400"], "--resume: --vocab-size was 300, now 400"),
         (["--resume", "--max-steps", "4", "--average-last", "1"], "--max-steps was 6, now 4"),
+        # a longer run may not raise a learning rate that its cooldown has lowered
+        (
+            ["--resume", "--max-steps", "8", "--cooldown-steps", "2"],
+            "--max-steps was 6, now 8; --cooldown-steps was None, now 2",
+        ),
     ],
 )
 def test_a_folder_holding_a_run_is_refused_before_the_corpus_is_read(

@@ -50,6 +50,20 @@ def test_schedule_is_equation_3_from_the_first_update() -> None:
     assert max(eq3(s, d_model, warmup) for s in range(1, 200)) == pytest.approx(eq3(warmup, d_model, warmup))
 
 
+def test_cooldown_multiplies_equation_3_by_a_linear_fall_to_zero() -> None:
+    d_model, warmup, total, cooldown = 512, 40, 200, 50
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = paper_lr_scheduler(optimizer, d_model, warmup, cooldown_steps=cooldown, total_steps=total)
+    for step in range(1, total + 2):
+        steps_left = total - step + 1  # this update included: the last one gets 1/cooldown of Eq. 3, later ones 0
+        expected = eq3(step, d_model, warmup) * min(1.0, steps_left / cooldown)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12, abs=0.0)
+        optimizer.step()
+        scheduler.step()
+    with pytest.raises(ValueError, match="cooldown_steps must be in 1..total_steps"):
+        paper_lr_scheduler(optimizer, d_model, warmup, cooldown_steps=total + 1, total_steps=total)
+
+
 def test_transformers_inverse_sqrt_lags_equation_3_by_one_update() -> None:
     """Why Eq. 3 is written out: HF's schedule with lr (d_model * warmup)^-0.5 is the same curve, one step late."""
     d_model, warmup = 512, 40
@@ -131,7 +145,7 @@ def test_stock_seq2seq_trainer_fine_tunes_with_predict_with_generate(tmp_path, s
     assert all(isinstance(text, str) for text in decoded[-1])
 
 
-def test_vaswani_trainer_uses_token_batches_and_equation_3(tmp_path, saved_model) -> None:
+def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp_path, saved_model) -> None:
     tokenizer = AutoTokenizer.from_pretrained(saved_model)
     model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
     data = Dataset.from_dict({"source": [s for s, _ in PAIRS] * 4, "target": [t for _, t in PAIRS] * 4})
@@ -151,13 +165,15 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3(tmp_path, saved_model
         train_dataset=tokenized,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         max_tokens=40,
+        cooldown_steps=4,
     )
     loader = trainer.get_train_dataloader()
     for batch in loader:
         assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40
     trainer.train()
     rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
-    assert rates[:6] == pytest.approx([eq3(step, model.config.d_model, 5) for step in range(1, 7)], rel=1e-6)
+    expected = [eq3(step, model.config.d_model, 5) * min(1.0, (12 - step + 1) / 4) for step in range(1, 13)]
+    assert rates == pytest.approx(expected, rel=1e-6)  # Eq. 3, then the last 4 updates at 4/4, 3/4, 2/4, 1/4 of it
 
 
 def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
@@ -210,6 +226,8 @@ def test_settings_refuse_what_could_not_finish() -> None:
         RecipeSettings(max_steps=4, save_steps=1, average_last=1)
     with pytest.raises(ValueError, match="exclude each other"):
         RecipeSettings(bf16=True, fp16=True)
+    with pytest.raises(ValueError, match=r"--cooldown-steps \(9\) is larger than --max-steps \(8\)"):
+        RecipeSettings(max_steps=8, cooldown_steps=9, save_steps=1, logging_steps=1)
     with pytest.raises(ValueError, match="--num-beams must be positive"):
         RecipeSettings(num_beams=0)
     with pytest.raises(ValueError, match="^VaswaniConfig refuses the settings: .*field 'dropout'[^\n]*$"):
