@@ -375,7 +375,13 @@ class ValidationBleuCallback(TrainerCallback):
         self.started = time.perf_counter()
 
     def on_train_begin(self, args, state, control, **kwargs) -> None:
-        self.started = time.perf_counter()
+        # A resumed run has its log history back from the checkpoint: the best step, the count of evaluations since
+        # it (early stopping's patience) and the clock of the curve continue from the validations logged before.
+        validations = [entry for entry in state.log_history if "eval_bleu" in entry]
+        best = best_validation(validations)
+        self.best_step, self.best_bleu = (best["step"], best["eval_bleu"]) if best else (None, None)
+        self.evaluations_without_improvement = len(validations) - 1 - validations.index(best) if best else 0
+        self.started = time.perf_counter() - 60 * (validations[-1]["elapsed_minutes"] if validations else 0.0)
 
     def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
         if state.global_step % self.eval_steps != 0:

@@ -108,6 +108,27 @@ def test_early_stopping_saves_the_best_step_and_the_last(tokenizer, tmp_path) ->
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
 
 
+def test_a_resumed_run_keeps_its_best_and_its_patience(tokenizer, tmp_path) -> None:
+    # Learning rate 0: BLEU never improves after step 2. Interrupted at step 4 (one evaluation without improvement),
+    # the resumed run stops after two more (6, 8) for a patience of 3, as an uninterrupted one would.
+    first = tiny_trainer(tokenizer, tmp_path, max_steps=4, learning_rate=0.0, save_steps=4)
+    first.add_callback(
+        ValidationBleuCallback(tokenizer, SOURCES, REFERENCES, "de", 2, log=first.log, early_stopping_patience=3)
+    )
+    first.train()
+    resumed = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0, save_steps=100)
+    callback = ValidationBleuCallback(
+        tokenizer, SOURCES, REFERENCES, "de", 2, log=resumed.log, early_stopping_patience=3
+    )
+    resumed.add_callback(callback)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    entries = validation_entries(resumed)
+    assert [entry["step"] for entry in entries] == [2, 4, 6, 8] and resumed.state.global_step == 8
+    assert callback.best_step == 2
+    minutes = [entry["elapsed_minutes"] for entry in entries]
+    assert minutes == sorted(minutes)  # the curve's clock goes on from the interrupted run's
+
+
 @pytest.mark.parametrize(
     ("patience", "eval_bleu_steps", "save_steps", "kept"),
     # average 5; after the best: patience x ceil(eval / save) checkpoints, and the one saved at the stop
