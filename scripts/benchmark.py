@@ -75,6 +75,15 @@ def measured_matmul_gflops(repeats: int = 5, size: int = 2048) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def measured_memory_gbps(repeats: int = 5, mib: int = 512) -> float:
+    """This machine's memory bandwidth: bytes read plus written by copying `mib` MiB into an already-touched buffer
+    (best of `repeats`), the memory bound's denominator."""
+    source = torch.ones(mib * 2**18)
+    target = torch.zeros_like(source)  # touched, so that no page fault is timed
+    best = min(timed(lambda: target.copy_(source)) for _ in range(repeats))
+    return 2 * source.nbytes / best / 1e9
+
+
 def timed(work) -> float:
     start = time.perf_counter()
     work()
@@ -92,6 +101,14 @@ def decoding_matmul_flops(preset: dict, sentences: int, beams: int, source_lengt
         per_hypothesis = layers * (2 * 6 * d * d + 2 * 2 * d * ffn + 2 * 2 * d * (step + source_length)) + 2 * d * vocab
         total += sentences * beams * per_hypothesis
     return total + sentences * layers * 2 * 2 * d * d * source_length
+
+
+def decoding_weight_bytes(preset: dict, output_length: int) -> float:
+    """Bytes decoding cannot avoid reading: every decoder weight matrix and the output projection, fp32, once a step
+    (all hypotheses of a step share one pass). At base size that is ~176 MB a step, far more than a CPU's caches
+    hold, so few-row steps are bound by memory bandwidth before FLOPs."""
+    d, ffn, layers, vocab = preset["d_model"], preset["ffn"], preset["layers"], preset["vocab"]
+    return output_length * 4 * (layers * (8 * d * d + 2 * d * ffn) + d * vocab)
 
 
 def parse_args() -> argparse.Namespace:
@@ -381,6 +398,8 @@ def main() -> None:
     print(", ".join(f"{key}: {value}" for key, value in machine.items()))
     gflops = measured_matmul_gflops()
     print(f"fp32 matmul rate (2048x2048 products, best of 5): {gflops:.0f} GFLOP/s")
+    gbps = measured_memory_gbps()
+    print(f"memory bandwidth (512 MiB copies, read + write, best of 5): {gbps:.1f} GB/s")
     preset = PRESETS[args.preset]
     generator = torch.Generator().manual_seed(args.seed)
     marian, vaswani = build_models(preset)
@@ -458,9 +477,19 @@ def main() -> None:
             results[f"{label} % of matmul bound"] = {
                 name: 100 * value / bound if value is not None else None for name, value in medians(values).items()
             }
+            # the roofline: the matmul FLOPs at the measured rate or the weights read at the measured bandwidth,
+            # whichever takes longer
+            weight_bytes = decoding_weight_bytes(preset, args.output_length)
+            seconds = max(flops / (gflops * 1e9), weight_bytes / (gbps * 1e9))
+            roofline = args.decode_batch_size * args.output_length / seconds
+            print(f"{label}: the roofline bound is {roofline:.0f} output tokens/s ({weight_bytes / 1e9:.1f} GB read)")
+            results[f"{label} % of roofline bound"] = {
+                name: 100 * value / roofline if value is not None else None for name, value in medians(values).items()
+            }
     meta = {
         **machine,
         "fp32 GFLOP/s": round(gflops),
+        "memory GB/s": round(gbps, 1),
         "preset": args.preset,
         **preset,
         "dtype": args.dtype,
