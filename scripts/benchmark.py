@@ -468,24 +468,24 @@ def main() -> None:
 
     results = {"train tokens/s": medians(speed), "train peak RSS growth (MiB)": medians(memory)}
     results |= {f"{label} output tokens/s": medians(values) for label, values in decoding.items()}
-    if args.dtype == "fp32" and not args.int8:  # the bound is fp32 matmul work at the measured fp32 rate
+    if args.dtype == "fp32" and not args.int8:  # the bounds are fp32 work at the measured fp32 rate and bandwidth
         for label, values in decoding.items():
             beams = 1 if label == "greedy" else args.beam_size
             flops = decoding_matmul_flops(preset, args.decode_batch_size, beams, args.source_length, args.output_length)
-            bound = args.decode_batch_size * args.output_length / (flops / (gflops * 1e9))
-            print(f"{label}: the matmul bound is {bound:.0f} output tokens/s ({flops / 1e9:.1f} GFLOP)")
-            results[f"{label} % of matmul bound"] = {
-                name: 100 * value / bound if value is not None else None for name, value in medians(values).items()
-            }
+            weight_bytes = decoding_weight_bytes(preset, args.output_length)
+            matmul_seconds, read_seconds = flops / (gflops * 1e9), weight_bytes / (gbps * 1e9)
             # the roofline: the matmul FLOPs at the measured rate or the weights read at the measured bandwidth,
             # whichever takes longer
-            weight_bytes = decoding_weight_bytes(preset, args.output_length)
-            seconds = max(flops / (gflops * 1e9), weight_bytes / (gbps * 1e9))
-            roofline = args.decode_batch_size * args.output_length / seconds
-            print(f"{label}: the roofline bound is {roofline:.0f} output tokens/s ({weight_bytes / 1e9:.1f} GB read)")
-            results[f"{label} % of roofline bound"] = {
-                name: 100 * value / roofline if value is not None else None for name, value in medians(values).items()
+            bounds = {
+                "matmul": (matmul_seconds, f"{flops / 1e9:.1f} GFLOP"),
+                "roofline": (max(matmul_seconds, read_seconds), f"{weight_bytes / 1e9:.1f} GB read"),
             }
+            for kind, (seconds, work) in bounds.items():
+                bound = args.decode_batch_size * args.output_length / seconds
+                print(f"{label}: the {kind} bound is {bound:.0f} output tokens/s ({work})")
+                results[f"{label} % of {kind} bound"] = {
+                    name: 100 * value / bound if value is not None else None for name, value in medians(values).items()
+                }
     meta = {
         **machine,
         "fp32 GFLOP/s": round(gflops),
