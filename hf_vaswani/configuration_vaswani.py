@@ -64,7 +64,7 @@ class VaswaniConfig(PreTrainedConfig):
     """
 
     model_type = "vaswani"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "num_heads",

@@ -21,6 +21,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .fast_paths_vaswani import packed_decoder_weights
 
@@ -58,6 +59,8 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
 class PaperDecodingMixin:
     """`generate` with §6.1's length penalty and source-relative maximum length; mixed into the generating model."""
 
+    # as transformers' own generate: a cache given under its old name is read below under the new one
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
         config = generation_config if generation_config is not None else self.generation_config
         extra = kwargs.pop("max_new_tokens_over_source", getattr(config, "max_new_tokens_over_source", None))
@@ -72,15 +75,15 @@ class PaperDecodingMixin:
             raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
         # A static cache is allocated with one cross-attention row per beam, so the beams cannot share one there.
         cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
-        given_cache = kwargs.get("past_key_values")
+        given_cache = kwargs.get("cache")
         self._share_encoder_states = cache_implementation in (None, "dynamic") and (
             given_cache is None or isinstance(getattr(given_cache, "cross_attention_cache", None), DynamicCache)
         )
         # the decoder's and output projection's weights are multiplied at every step: packed once for this call
         with packed_decoder_weights([self.get_decoder(), self.get_output_embeddings()]):
             output = super().generate(inputs, generation_config, **kwargs)
-        if isinstance(getattr(output, "past_key_values", None), EncoderDecoderCache):
-            copy_shared_cross_attention_cache(output.past_key_values)
+        if isinstance(getattr(output, "cache", None), EncoderDecoderCache):
+            copy_shared_cross_attention_cache(output.cache)
         return output
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
@@ -92,11 +95,11 @@ class PaperDecodingMixin:
         input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, **model_kwargs)
         return input_ids, {**model_kwargs, **shared}
 
-    def _reorder_cache(self, past_key_values, beam_idx: torch.LongTensor):
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.LongTensor):
         # Beam search moves hypotheses only among the beams of one sentence, whose cross-attention keys and values are
         # the same (shared or copied): only the self-attention cache needs reordering.
-        past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        return past_key_values
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
 
     @staticmethod
     def _source_lengths(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:

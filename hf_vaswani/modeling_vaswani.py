@@ -89,7 +89,7 @@ class VaswaniMultiHeadAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention when `key_value_states` is None, else encoder-decoder attention over `key_value_states`."""
@@ -97,22 +97,20 @@ class VaswaniMultiHeadAttention(nn.Module):
         query = self.q_proj(hidden_states).unflatten(-1, (-1, self.d_k)).transpose(1, 2)
 
         is_cross_attention = key_value_states is not None
-        cache = None
-        if past_key_values is not None:
-            cache = (
-                past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
-            )
-        if is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        layer_cache = None
+        if cache is not None:
+            layer_cache = cache.cross_attention_cache if is_cross_attention else cache.self_attention_cache
+        if is_cross_attention and layer_cache is not None and cache.is_updated.get(self.layer_idx):
             # Encoder outputs do not change while decoding: their keys and values are computed once per generation.
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross_attention else hidden_states
             key = self.k_proj(source).unflatten(-1, (-1, self.d_k)).transpose(1, 2)
             value = self.v_proj(source).unflatten(-1, (-1, self.d_v)).transpose(1, 2)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -247,18 +245,16 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        attended, _ = self.self_attention(
-            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
-        )
+        attended, _ = self.self_attention(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self.self_attention_norm(hidden_states + self.dropout(attended))
         attended, _ = self.cross_attention(
             hidden_states,
             attention_mask=encoder_attention_mask,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = self.cross_attention_norm(hidden_states + self.dropout(attended))
@@ -366,28 +362,27 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if encoder_hidden_states is None:
             raise ValueError("the decoder needs encoder_hidden_states (or encoder_outputs) to attend to")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise ValueError(
-                f"past_key_values must be an EncoderDecoderCache (self- and cross-attention), got "
-                f"{type(past_key_values).__name__}"
+                f"cache must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}"
             )
         check_token_ids("decoder_input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embeddings(input_ids, inputs_embeds, past_length)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+            cache=cache.self_attention_cache if cache is not None else None,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -401,12 +396,10 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 causal_mask,
                 encoder_hidden_states,  # positional, so that gradient checkpointing passes it through
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -445,7 +438,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -453,7 +446,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is not None and not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        past_length = past_key_values.get_seq_length() if isinstance(past_key_values, Cache) else 0
+        past_length = cache.get_seq_length() if isinstance(cache, Cache) else 0
         check_inputs(
             input_ids,
             attention_mask,
@@ -473,14 +466,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -526,7 +519,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -558,7 +551,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -581,7 +574,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

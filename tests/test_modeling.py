@@ -403,10 +403,10 @@ def test_incremental_decoding_equals_full_recomputation(attn_implementation: str
             encoder_outputs=encoder_outputs,
             attention_mask=source_mask,
             decoder_input_ids=target[:, t : t + 1],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
-        cache = out.past_key_values
+        cache = out.cache
         steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     # The cross-attention keys and values were computed once, from the encoder output, and never grew.

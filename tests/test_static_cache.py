@@ -31,7 +31,7 @@ def test_static_cache_decodes_as_the_dynamic_one(model_and_batch, num_beams: int
     static = model.generate(
         **options, num_beams=num_beams, cache_implementation="static", return_dict_in_generate=True, output_scores=True
     )
-    assert isinstance(static.past_key_values.self_attention_cache, StaticCache)
+    assert isinstance(static.cache.self_attention_cache, StaticCache)
     assert torch.equal(dynamic.sequences, static.sequences)
     for dynamic_step, static_step in zip(dynamic.scores, static.scores, strict=True):
         torch.testing.assert_close(dynamic_step, static_step)
@@ -57,7 +57,7 @@ def test_returned_cache_has_a_cross_attention_row_per_beam(model_and_batch) -> N
     returned to the caller holds one row per beam, as transformers' own models return it."""
     model, options = model_and_batch
     out = model.generate(**options, num_beams=3, num_return_sequences=1, return_dict_in_generate=True)
-    cache = out.past_key_values
+    cache = out.cache
     assert isinstance(cache, EncoderDecoderCache)
     for self_layer, cross_layer in zip(
         cache.self_attention_cache.layers, cache.cross_attention_cache.layers, strict=True
