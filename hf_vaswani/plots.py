@@ -28,7 +28,7 @@ def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Pa
     loss_axis.set(xlabel="step", ylabel="label-smoothed cross-entropy", title="Training loss")
     loss_axis.grid(alpha=0.3)
     lr_axis.plot(steps, [entry["learning_rate"] for entry in logged], color="tab:orange")
-    lr_axis.set(xlabel="step", ylabel="learning rate", title="Learning rate (§5.3, Eq. 3)")
+    lr_axis.set(xlabel="step", ylabel="learning rate", title="Learning rate")  # Eq. 3, or Eq. 3 with a cooldown
     lr_axis.grid(alpha=0.3)
     if validated:
         bleu_axis = axes[2]
