@@ -37,7 +37,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
             grad_logits = grad_logits.to(rows.dtype)
             grad_rows[start : start + chunk_size] = grad_logits @ weight
             if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.T, rows)
+                grad_weight += grad_logits.T @ rows  # not addmm_: autocast leaves in-place products in float32
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         grad_hidden = hidden.new_zeros(hidden.shape)

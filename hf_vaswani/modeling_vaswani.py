@@ -4,10 +4,10 @@ Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), t
 (§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1),
 the encoder-decoder and the whole model of Figure 1 with its pre-softmax projection (§3.4).
 
-Speed lives in fast_paths_vaswani.py (faster nn.Linear and nn.Dropout on CPU, beams sharing the encoder states), the
-training loss in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py, input checks in
-checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
-those sibling modules.
+Speed lives in fast_paths_vaswani.py (faster nn.Linear and nn.Dropout on CPU, beams sharing the encoder states,
+float32 attention under CPU autocast), the training loss in loss_vaswani.py, the paper's decoding (§6.1) in
+generation_vaswani.py, input checks in checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it
+imports only torch, transformers and those sibling modules.
 """
 
 import math
@@ -35,7 +35,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .checks_vaswani import check_inputs, check_labels, check_token_ids
 from .configuration_vaswani import VaswaniConfig
-from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source
+from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source, float32_attention
 from .generation_vaswani import PaperDecodingMixin
 from .loss_vaswani import label_smoothed_loss
 from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
@@ -117,6 +117,8 @@ class VaswaniMultiHeadAttention(nn.Module):
         )
         if key.shape[0] != batch_size:  # the beams of each sentence share its encoder states while generating
             attention = partial(attend_with_shared_source, attention)
+        if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # bf16 training: see float32_attention
+            attention = partial(float32_attention, attention)
         output, weights = attention(
             self,
             query,

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -14,6 +15,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+import torch
 from datasets import Dataset, DatasetDict
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig, PreTrainedTokenizerBase, set_seed
@@ -26,10 +28,13 @@ from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
 from .tokenization import train_shared_bpe_from_dataset
 from .training import (
+    BF16_MIN_SPEEDUP,
     CheckpointAveragingCallback,
     ValidationBleuCallback,
     VaswaniTrainer,
     best_validation,
+    bf16_training_seconds,
+    cpu_bf16_matmul_works,
     newest_complete_checkpoint,
     paper_training_arguments,
     replace_folder,
@@ -129,6 +134,13 @@ class RecipeSettings:
         default=0, metadata={"help": "seed of the initial weights, data order and dropout (and the embedded corpus)"}
     )
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision"})
+    bf16_if_faster: bool = field(
+        default=False,
+        metadata={
+            "help": "bf16 mixed precision if a few training steps of the model measure it at least "
+            "1.1x faster than fp32 on this machine's CPU (as with AVX512-BF16 or AMX), else fp32; one process"
+        },
+    )
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
 
     def __post_init__(self) -> None:
@@ -165,8 +177,9 @@ class RecipeSettings:
                 f"{setting_flag('cooldown_steps')} ({self.cooldown_steps}) is larger than {setting_flag('max_steps')} "
                 f"({self.max_steps})"
             )
-        if self.bf16 and self.fp16:
-            raise ValueError(f"{setting_flag('bf16')} and {setting_flag('fp16')} exclude each other")
+        precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
+        if len(precisions) > 1:
+            raise ValueError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
         if self.logging_steps > self.max_steps:
             raise ValueError(
                 f"{setting_flag('logging_steps')} ({self.logging_steps}) is larger than {setting_flag('max_steps')} "
@@ -402,6 +415,7 @@ def run_recipe(
             f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
             f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
         )
+    precision = training_precision(settings)
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = paper_training_arguments(
         output_dir / "checkpoints",
@@ -414,8 +428,8 @@ def run_recipe(
         logging_steps=settings.logging_steps,
         seed=settings.seed,
         data_seed=settings.seed,
-        bf16=settings.bf16,
-        fp16=settings.fp16,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
         dataloader_num_workers=0,
     )
     if overwrite and is_main_process():
@@ -491,6 +505,7 @@ def run_recipe(
         "total_seconds": round(time.perf_counter() - started, 1),
         "steps": train_output.global_step,
         "final_training_loss": round(train_output.training_loss, 4),
+        "training_precision": precision,
         "parameters": model.num_parameters(),
         "test_sentences": len(sources),
         "averaged_checkpoints": [checkpoint.name for checkpoint in averaging.checkpoints],
@@ -519,6 +534,29 @@ def run_recipe(
     write_text_atomically(output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     plot_training_curves(trainer.state.log_history, output_dir / "training_curves.png")
     return results
+
+
+def training_precision(settings: RecipeSettings) -> str:
+    """ "fp32", "bf16" or "fp16": as set, or with `bf16_if_faster` as measured here (one line on stderr says which)."""
+    if not settings.bf16_if_faster:
+        return "bf16" if settings.bf16 else "fp16" if settings.fp16 else "fp32"
+    flag = setting_flag("bf16_if_faster")
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        raise ValueError(f"{flag} measures CPU training; on an accelerator pass {setting_flag('bf16')} or nothing")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would measure, and they could disagree
+        raise ValueError(f"{flag} measures in one process; with several, pass {setting_flag('bf16')} or nothing")
+    if not cpu_bf16_matmul_works():
+        print(f"{flag}: fp32 (a bfloat16 matmul traps on this CPU)", file=sys.stderr)
+        return "fp32"
+    config = model_config(settings, vocab_size=settings.vocab_size)
+    seconds = bf16_training_seconds(config, settings.max_tokens)
+    precision = "bf16" if seconds["fp32"] >= BF16_MIN_SPEEDUP * seconds["bf16"] else "fp32"
+    print(
+        f"{flag}: {precision} (a training step {seconds['bf16']:.3f} s in bf16, {seconds['fp32']:.3f} s in fp32 on "
+        f"{cpu_model_name()})",
+        file=sys.stderr,
+    )
+    return precision
 
 
 def validation_summary(log_history: list[dict]) -> dict:

@@ -6,10 +6,12 @@ and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here becau
 about `max_tokens` source and target tokens (§5.1) and the exact learning-rate formula (§5.3, Eq. 3).
 """
 
+import copy
 import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -25,8 +27,10 @@ from transformers import PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainin
 
 from .averaging import average_checkpoints, last_checkpoints
 from .batching import TokenBatchSampler
+from .configuration_vaswani import VaswaniConfig
 from .inference import translate
 from .metrics import corpus_scores, lowercased_tokenized_bleu
+from .modeling_vaswani import VaswaniForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +108,43 @@ def cpu_bf16_matmul_works() -> bool:
     """Whether a bfloat16 matmul runs on this CPU, tried in a child process since the failure is a crash (SIGILL)."""
     probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+BF16_MIN_SPEEDUP = 1.1  # bf16 rounds more: take it only for a clear win, not for measurement noise
+
+
+def bf16_training_seconds(config: VaswaniConfig, max_tokens: int, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of one training forward and backward pass of a `config` model in float32 ("fp32") and in bf16
+    mixed precision ("bf16") on this CPU, for a batch of about `max_tokens` random tokens on each side.
+
+    Which is faster depends on the CPU: bfloat16 matmuls run at about twice float32's rate with AVX512-BF16 or AMX and
+    are emulated elsewhere, so `vaswani train --bf16-if-faster` measures rather than guesses. Rounds alternate between
+    the two after a warm-up; a few seconds at Multi30k's model size. Call only where `cpu_bf16_matmul_works()`.
+    """
+    generator = torch.Generator().manual_seed(0)
+    config = copy.deepcopy(config)
+    config.loss_without_logits = True  # as VaswaniTrainer trains
+    model = VaswaniForConditionalGeneration(config)
+    model.train()
+    length = 24
+    tokens = torch.randint(4, config.vocab_size, (2, max(1, max_tokens // length), length), generator=generator)
+    batch = {"input_ids": tokens[0], "labels": tokens[1]}
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for bf16 in (False, True):  # warm-up: the thread pool, the libraries' buffers, the autocast weight casts
+        step(bf16)
+    for _ in range(rounds):
+        for name in seconds:
+            seconds[name].append(step(name == "bf16"))
+    return {name: statistics.median(values) for name, values in seconds.items()}
 
 
 def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenizerBase) -> DatasetDict | Dataset:

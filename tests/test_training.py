@@ -25,6 +25,8 @@ from hf_vaswani.recipe import DEMO_SETTINGS, RecipeSettings, build_model, model_
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import (
     VaswaniTrainer,
+    bf16_training_seconds,
+    cpu_bf16_matmul_works,
     paper_learning_rate,
     paper_lr_scheduler,
     paper_training_arguments,
@@ -250,3 +252,30 @@ def test_bf16_on_a_cpu_whose_bf16_matmul_traps_is_a_clear_error(tmp_path, monkey
     with pytest.raises(ValueError, match="ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"):
         training.paper_training_arguments(tmp_path, bf16=True, use_cpu=True)
     assert not training.paper_training_arguments(tmp_path, use_cpu=True).bf16  # fp32 is not probed
+
+
+def test_bf16_if_faster_takes_bf16_only_for_a_measured_clear_win(monkeypatch, capsys) -> None:
+    import hf_vaswani.recipe as recipe
+
+    settings = RecipeSettings(model_overrides=TINY_OVERRIDES, bf16_if_faster=True)
+    monkeypatch.setattr(recipe, "cpu_bf16_matmul_works", lambda: True)
+    for seconds, expected in [({"fp32": 0.5, "bf16": 0.4}, "bf16"), ({"fp32": 0.5, "bf16": 0.47}, "fp32")]:
+        monkeypatch.setattr(recipe, "bf16_training_seconds", lambda config, max_tokens, seconds=seconds: seconds)
+        assert recipe.training_precision(settings) == expected
+        assert capsys.readouterr().err.startswith(f"--bf16-if-faster: {expected} (a training step")
+    monkeypatch.setattr(recipe, "cpu_bf16_matmul_works", lambda: False)
+    assert recipe.training_precision(settings) == "fp32"
+    assert "traps" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--bf16-if-faster measures in one process"):
+        recipe.training_precision(settings)
+    assert recipe.training_precision(RecipeSettings(bf16=True)) == "bf16"
+    assert recipe.training_precision(RecipeSettings()) == "fp32"
+    with pytest.raises(ValueError, match="--bf16 and --bf16-if-faster exclude each other"):
+        RecipeSettings(bf16=True, bf16_if_faster=True)
+
+
+@pytest.mark.skipif(not cpu_bf16_matmul_works(), reason="a bfloat16 matmul traps on this CPU")
+def test_bf16_training_seconds_times_both_precisions_of_the_configured_model(tiny_config_kwargs: dict) -> None:
+    seconds = bf16_training_seconds(VaswaniConfig(**tiny_config_kwargs), max_tokens=96, rounds=1)
+    assert set(seconds) == {"fp32", "bf16"} and all(0 < value < 60 for value in seconds.values())
