@@ -30,6 +30,7 @@ from .tokenization import train_shared_bpe_from_dataset
 from .training import (
     BF16_MIN_SPEEDUP,
     CheckpointAveragingCallback,
+    TrainingTimeBudgetCallback,
     ValidationBleuCallback,
     VaswaniTrainer,
     best_validation,
@@ -96,6 +97,14 @@ class RecipeSettings:
             "never reaches zero; helps a short run); None: Eq. 3 to the end"
         },
     )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "end training after about this many minutes: until the cooldown begins, the last step is projected "
+            "from the step rate so far (at most --max-steps), so the cooldown still ends there; one process; None: "
+            "--max-steps alone"
+        },
+    )
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
     save_steps: int = field(default=1000, metadata={"help": "optimizer steps between checkpoints"})
     logging_steps: int = field(
@@ -153,6 +162,7 @@ class RecipeSettings:
             "warmup_steps",
             "max_steps",
             "cooldown_steps",
+            "max_train_minutes",
             "average_last",
             "save_steps",
             "logging_steps",
@@ -320,8 +330,10 @@ def settings_differences(previous: RecipeSettings, current: RecipeSettings) -> l
         before, now = getattr(previous, name), getattr(current, name)
         if name in ("preset", "model_overrides") or before == now:  # the config covers them
             continue
-        # A cooldown ends at max_steps: a longer run would raise a learning rate that has already fallen.
-        refused_length = name == "max_steps" and (now < before or current.cooldown_steps is not None)
+        # A cooldown ends at max_steps: a longer run would raise a learning rate that has already fallen. A time
+        # budget's run ends where its schedule says, which a new max_steps would not move.
+        ends_fixed = current.cooldown_steps is not None or current.max_train_minutes is not None
+        refused_length = name == "max_steps" and (now < before or ends_fixed)
         if name not in RESUMABLE_SETTINGS or refused_length:
             differences.append(f"{setting_flag(name)} was {before}, now {now}")
     return differences
@@ -415,6 +427,8 @@ def run_recipe(
             f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
             f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
         )
+    if settings.max_train_minutes is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
     precision = training_precision(settings)
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = paper_training_arguments(
@@ -462,6 +476,8 @@ def run_recipe(
         cooldown_steps=settings.cooldown_steps,
         callbacks=[averaging],
     )
+    if settings.max_train_minutes is not None:
+        trainer.add_callback(TrainingTimeBudgetCallback(settings.max_train_minutes))
     validation = None
     if settings.eval_bleu_steps:
         pairs = corpus["validation"]

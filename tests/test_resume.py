@@ -106,6 +106,11 @@ def no_corpus_reading(monkeypatch) -> None:
             ["--resume", "--max-steps", "8", "--cooldown-steps", "2"],
             "--max-steps was 6, now 8; --cooldown-steps was None, now 2",
         ),
+        # nor move the end of a run whose time budget projected it
+        (
+            ["--resume", "--max-steps", "8", "--max-train-minutes", "5"],
+            "--max-steps was 6, now 8; --max-train-minutes was None, now 5.0",
+        ),
     ],
 )
 def test_a_folder_holding_a_run_is_refused_before_the_corpus_is_read(

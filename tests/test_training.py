@@ -1,9 +1,11 @@
 """The training recipe: Eq. 3 against the formula, stock Seq2SeqTrainer fine-tuning, token batches, the whole recipe."""
 
+import itertools
 import json
 import math
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,11 +21,12 @@ from transformers import (
 )
 
 import hf_vaswani  # noqa: F401
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, training
 from hf_vaswani.generation_vaswani import paper_generation_config
 from hf_vaswani.recipe import DEMO_SETTINGS, RecipeSettings, build_model, model_config, run_recipe
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import (
+    TrainingTimeBudgetCallback,
     VaswaniTrainer,
     bf16_training_seconds,
     cpu_bf16_matmul_works,
@@ -176,6 +179,51 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp
     rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
     expected = [eq3(step, model.config.d_model, 5) * min(1.0, (12 - step + 1) / 4) for step in range(1, 13)]
     assert rates == pytest.approx(expected, rel=1e-6)  # Eq. 3, then the last 4 updates at 4/4, 3/4, 2/4, 1/4 of it
+
+
+def budgeted_trainer(tmp_path, saved_model, monkeypatch, step_seconds, minutes, **trainer_kwargs) -> VaswaniTrainer:
+    """A VaswaniTrainer with a time budget of `minutes` on a clock whose optimizer steps take `step_seconds` each."""
+    ends = itertools.accumulate(step_seconds, initial=0.0)  # the clock at train begin, then at each step's end
+    monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
+    tokenizer = AutoTokenizer.from_pretrained(saved_model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
+    data = Dataset.from_dict({"source": [s for s, _ in PAIRS] * 4, "target": [t for _, t in PAIRS] * 4})
+    args = paper_training_arguments(
+        tmp_path / "out", max_steps=100, warmup_steps=5, save_steps=50, use_cpu=True, disable_tqdm=True, logging_steps=1
+    )
+    return VaswaniTrainer(
+        model=model,
+        args=args,
+        train_dataset=tokenize_corpus(data, tokenizer),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        max_tokens=40,
+        callbacks=[TrainingTimeBudgetCallback(minutes)],
+        **trainer_kwargs,
+    )
+
+
+def test_time_budget_ends_the_run_where_its_cooldown_ends(tmp_path, saved_model, monkeypatch) -> None:
+    # Steps of 1 s and a 12 s budget: the 12-step run of the cooldown test above, learning rates and all.
+    trainer = budgeted_trainer(tmp_path, saved_model, monkeypatch, [1.0] * 100, minutes=0.2, cooldown_steps=4)
+    trainer.train()
+    assert trainer.state.global_step == 12
+    rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    expected = [eq3(step, trainer.model.config.d_model, 5) * min(1.0, (12 - step + 1) / 4) for step in range(1, 13)]
+    assert rates == pytest.approx(expected, rel=1e-6)
+    # A resumed run ends at the step the saved schedule holds, whatever max_steps the new trainer starts from.
+    resumed = paper_lr_scheduler(trainer.optimizer, trainer.model.config.d_model, 5, cooldown_steps=4, total_steps=100)
+    resumed.load_state_dict(trainer.lr_scheduler.state_dict())
+    assert resumed.lr_lambdas[0].total_steps == 12
+
+
+def test_time_budget_without_a_cooldown_stops_and_saves_when_time_is_up(tmp_path, saved_model, monkeypatch) -> None:
+    # 6 steps of 1 s, then of 3 s: the clock reaches the 30 s budget at the end of step 6 + (30 - 6) / 3 = 14.
+    trainer = budgeted_trainer(tmp_path, saved_model, monkeypatch, [1.0] * 6 + [3.0] * 94, minutes=0.5)
+    trainer.train()
+    assert trainer.state.global_step == 14
+    assert (tmp_path / "out" / "checkpoint-14").is_dir()
+    with pytest.raises(ValueError, match="--max-train-minutes must be positive"):
+        RecipeSettings(max_train_minutes=0)
 
 
 def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
