@@ -2,6 +2,9 @@
 
 - `VaswaniLinear`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or oneDNN's, whichever
   measures fastest on the running CPU) while decoding on a CPU.
+- `product`, `LinearByFastestProducts`: the float32 CPU products of training and of many-row inference (a linear
+  layer's forward and both gradients, the loss's output projection) by oneDNN where it measures faster than torch's
+  BLAS on the running CPU.
 - `VaswaniDropout`: nn.Dropout with a cheaper CPU mask.
 - `attend_with_shared_source`: the beams of a sentence attend to one copy of its encoder states.
 - `float32_attention`: attention in float32 under CPU autocast (bf16 mixed precision).
@@ -26,7 +29,8 @@ class VaswaniLinear(nn.Linear):
     A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
     are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
     by `packed_decoder_weights` for one `generate` call), CPU inference on at most 256 rows multiplies by it instead:
-    the same product up to float rounding (README, "Performance").
+    the same product up to float rounding (README, "Performance"). Other products go through
+    `LinearByFastestProducts`, which picks each product's kernel by measurement.
     """
 
     packed_weight: torch.Tensor | None = None
@@ -36,12 +40,13 @@ class VaswaniLinear(nn.Linear):
         rows = input.numel() // self.in_features
         if (
             torch.compiler.is_compiling()  # first: compiled graphs keep to standard kernels and guard on no copy
-            or self.packed_weight is None
-            or rows > 256
-            or torch.is_grad_enabled()
             or torch.is_autocast_enabled("cpu")
+            or self.weight.device.type != "cpu"
+            or self.weight.dtype != torch.float32
         ):
             return super().forward(input)
+        if self.packed_weight is None or rows > 256 or torch.is_grad_enabled():
+            return LinearByFastestProducts.apply(input, self.weight, self.bias)
         flat = input.reshape(rows, self.in_features)
         output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
         return output.view(*input.shape[:-1], self.out_features)
@@ -78,8 +83,7 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> 
     MIN_SPEEDUP; measured once per process, shape and thread count on products of 8 and 32 rows (greedy and beam-4
     steps of 8 sentences).
 
-    Which kernel wins depends on the CPU (README, "Performance"), so it is measured where the model runs. Timed rounds
-    alternate between the candidates; the medians decide.
+    Which kernel wins depends on the CPU (README, "Performance"), so it is measured where the model runs.
     """
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
     inputs = [torch.randn(rows, in_features) for rows in (8, ROWS_HINT)]
@@ -91,20 +95,27 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> 
             multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
     products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
     with torch.inference_mode():
-        start = time.perf_counter()
-        for product in products.values():  # warm-up: the thread pool, the libraries' buffers
-            product()
-        calls = max(1, int(len(products) * 1e-3 / (time.perf_counter() - start)))  # ~1 ms per timing at least
-        seconds: dict[str | None, list[float]] = {name: [] for name in products}
-        for _ in range(5):
-            for name, product in products.items():
-                start = time.perf_counter()
-                for _ in range(calls):
-                    product()
-                seconds[name].append(time.perf_counter() - start)
+        return fastest(products)
+
+
+def fastest(products: dict[str | None, Callable[[], object]]) -> str | None:
+    """The name of the fastest of `products` (calls computing the same thing), or None, the plain torch call, when
+    none beats it by MIN_SPEEDUP. Timed rounds alternate between the candidates, after a warm-up of each (the thread
+    pool, the libraries' buffers); the medians decide."""
+    start = time.perf_counter()
+    for call in products.values():
+        call()
+    calls = max(1, int(len(products) * 1e-3 / (time.perf_counter() - start)))  # ~1 ms per timing at least
+    seconds: dict[str | None, list[float]] = {name: [] for name in products}
+    for _ in range(5):
+        for name, call in products.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            seconds[name].append(time.perf_counter() - start)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    fastest = min(medians, key=medians.get)
-    return fastest if medians[None] >= MIN_SPEEDUP * medians[fastest] else None
+    winner = min(medians, key=medians.get)
+    return winner if medians[None] >= MIN_SPEEDUP * medians[winner] else None
 
 
 def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -135,6 +146,65 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
     finally:
         for linear in linears:
             linear.packed_weight = linear.packed_kernel = None
+
+
+def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """a @ b.T + bias by oneDNN's inner product (its operands contiguous)."""
+    return torch.ops.mkldnn._linear_pointwise(a.contiguous(), b.contiguous(), bias, "none", [], "")
+
+
+PRODUCT_KERNELS: dict[tuple, str | None] = {}  # product's choice per shape class, layout and thread count
+
+
+def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b.T + bias (nn.functional.linear) for 2-d `a` and `b`, by oneDNN where it measured faster on this CPU.
+
+    torch's float32 CPU products run on MKL where torch is built with it, and MKL keeps its AVX-512 kernels for Intel
+    CPUs; on an AMD EPYC oneDNN's inner product took 0.43x MKL's time for a training step's (768 x 512) x (512 x 2048)
+    (README, "Performance"). So the first float32 CPU product of each shape class (each size rounded up to a power of
+    two), operand layout and thread count is timed both ways on its own operands and the faster kept, oneDNN only if
+    it beats torch by MIN_SPEEDUP, its time counting the copies that make transposed operands contiguous.
+    """
+    if (
+        a.dtype != torch.float32
+        or a.device.type != "cpu"
+        or torch.is_autocast_enabled("cpu")
+        or not torch.backends.mkldnn.is_available()
+        or 0 in (*a.shape, *b.shape)
+    ):
+        return nn.functional.linear(a, b, bias)
+    rows, inner = a.shape
+    shape_class = tuple(1 << (size - 1).bit_length() for size in (rows, inner, b.shape[0]))
+    key = (*shape_class, a.stride(-1) == 1, b.stride(-1) == 1, bias is None, torch.get_num_threads())
+    if key not in PRODUCT_KERNELS:
+        with torch.no_grad():
+            products = {
+                None: partial(nn.functional.linear, a, b, bias),
+                "onednn": partial(onednn_product, a, b, bias),
+            }
+            PRODUCT_KERNELS[key] = fastest(products)
+    return (onednn_product if PRODUCT_KERNELS[key] == "onednn" else nn.functional.linear)(a, b, bias)
+
+
+class LinearByFastestProducts(torch.autograd.Function):
+    """nn.functional.linear whose three products (output, input gradient, weight gradient) each go through `product`,
+    so each runs on the kernel measured fastest for its shape on this CPU."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = input.reshape(-1, input.shape[-1])
+        ctx.save_for_backward(flat, weight)
+        ctx.input_shape, ctx.has_bias = input.shape, bias is not None
+        return product(flat, weight, bias).view(*input.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        flat, weight = ctx.saved_tensors
+        grad_rows = grad_output.reshape(-1, weight.shape[0])
+        grad_input = product(grad_rows, weight.T).view(ctx.input_shape) if ctx.needs_input_grad[0] else None
+        grad_weight = product(grad_rows.T, flat.T) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias
 
 
 class VaswaniDropout(nn.Dropout):

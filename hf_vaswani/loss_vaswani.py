@@ -1,10 +1,13 @@
 """§5.4 label-smoothed cross-entropy of the pre-softmax projection, with a training path that never holds all logits.
 
-This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
+This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch and
+fast_paths_vaswani.
 """
 
 import torch
 from torch import nn
+
+from .fast_paths_vaswani import product
 
 
 class ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -13,7 +16,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
     memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
-    -100 are left out before the projection.
+    -100 are left out before the projection. Each product runs on the kernel measured fastest on this CPU (`product`).
     """
 
     @staticmethod
@@ -29,15 +32,15 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=loss_dtype)
         for start in range(0, labels.shape[0], chunk_size):
             rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
-            log_probs = nn.functional.linear(rows, weight, bias).to(loss_dtype).log_softmax(-1)
+            log_probs = product(rows, weight, bias).to(loss_dtype).log_softmax(-1)
             # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
             total -= (1 - eps) * log_probs.gather(1, targets).sum() + eps / vocab_size * log_probs.sum()
             grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
             grad_logits = grad_logits.scatter_add_(1, targets, torch.full_like(targets, eps - 1, dtype=loss_dtype))
             grad_logits = grad_logits.to(rows.dtype)
-            grad_rows[start : start + chunk_size] = grad_logits @ weight
+            grad_rows[start : start + chunk_size] = product(grad_logits, weight.T)
             if grad_weight is not None:
-                grad_weight += grad_logits.T @ rows  # not addmm_: autocast leaves in-place products in float32
+                grad_weight += product(grad_logits.T, rows.T)  # not addmm_: autocast keeps in-place products float32
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         grad_hidden = hidden.new_zeros(hidden.shape)

@@ -15,12 +15,15 @@ from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_path
 from hf_vaswani.cli import main
 from hf_vaswani.fast_paths_vaswani import (
     PACKED_KERNELS,
+    LinearByFastestProducts,
     VaswaniDropout,
     VaswaniLinear,
     fastest_packed_kernel,
     packed_decoder_weights,
+    product,
 )
 from hf_vaswani.inference import quantize_int8
+from hf_vaswani.loss_vaswani import ProjectedLabelSmoothedLoss
 from hf_vaswani.training import cpu_bf16_matmul_works
 
 AVAILABLE_KERNELS = [name for name, kernel in PACKED_KERNELS.items() if kernel.available()]
@@ -64,6 +67,89 @@ def test_packed_projection_equals_torch_linear(rows: int, packed_kernel: str) ->
     # (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), so they differ by at most twice that, on any CPU.
     bound = (layer.in_features + 1) * torch.finfo(torch.float32).eps * absolute_sum
     assert torch.all((packed - expected).abs() <= bound), ((packed - expected).abs() / bound).max()
+
+
+PRODUCT_CHOICES = [None, *(["onednn"] if torch.backends.mkldnn.is_available() else [])]
+
+
+@pytest.fixture(params=PRODUCT_CHOICES)
+def product_kernel(request, monkeypatch) -> str | None:
+    """Each kernel `product` can choose (None: torch's own product), whatever this CPU's measurement decides."""
+    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
+    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: request.param)
+    return request.param
+
+
+def float32_product_bound(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """How far two float32 evaluations of a @ b.T + bias may differ, in any summation order: twice Higham's
+    (k + 1) eps / 2 |a| |b|^T (+ |bias|) bound on each one's error (Accuracy and Stability of Numerical Algorithms,
+    3.1), with k the inner size."""
+    absolute = a.abs().double() @ b.abs().double().T + (0 if bias is None else bias.abs().double())
+    return (a.shape[1] + 1) * torch.finfo(torch.float32).eps * absolute
+
+
+def test_linear_by_fastest_products_gives_linears_output_and_gradients(product_kernel: str | None) -> None:
+    torch.manual_seed(0)
+    inputs = torch.randn(3, 5, 48, requires_grad=True)
+    weight, bias = torch.randn(80, 48, requires_grad=True), torch.randn(80, requires_grad=True)
+    upstream = torch.randn(3, 5, 80)
+    output = LinearByFastestProducts.apply(inputs, weight, bias)
+    grads = torch.autograd.grad((output * upstream).sum(), (inputs, weight, bias))
+    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) == {product_kernel}  # all three products took it
+    assert len(fast_paths_vaswani.PRODUCT_KERNELS) == 3
+    rows, upstream_rows = inputs.detach().reshape(15, 48), upstream.reshape(15, 80)
+    exact = [  # float64 products of the same float32 operands
+        nn.functional.linear(rows.double(), weight.detach().double(), bias.detach().double()),
+        upstream_rows.double() @ weight.detach().double(),
+        upstream_rows.double().T @ rows.double(),
+        upstream_rows.double().sum(0),
+    ]
+    bounds = [
+        float32_product_bound(rows, weight.detach(), bias.detach()),
+        float32_product_bound(upstream_rows, weight.detach().T),
+        float32_product_bound(upstream_rows.T, rows.T),
+        16 * torch.finfo(torch.float32).eps * upstream_rows.abs().double().sum(0),
+    ]
+    for got, expected, bound in zip((output.reshape(15, 80), *grads), exact, bounds, strict=True):
+        assert torch.all((got.reshape(expected.shape).double() - expected).abs() <= bound)
+
+
+def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monkeypatch) -> None:
+    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
+    measured = []
+    real_fastest = fast_paths_vaswani.fastest
+    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: measured.append(1) or real_fastest(products))
+    a, b = torch.randn(200, 48), torch.randn(80, 48)
+    expected = b.double() @ a.double().T
+    for left, right in [(a, b), (a[:150], b), (a, b), (b, a), (b.T.contiguous().T, a)]:
+        got = product(left, right)
+        exact = left.double() @ right.double().T
+        assert torch.all((got.double() - exact).abs() <= float32_product_bound(left, right))
+    # (200 | 150, 48, 80) share the class (256, 64, 128); (80, 48, 200) is another; a transposed `a` another
+    assert len(measured) == 3 and len(fast_paths_vaswani.PRODUCT_KERNELS) == 3
+    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) <= set(PRODUCT_CHOICES)
+    assert torch.all((product(b, a).double() - expected).abs() <= float32_product_bound(b, a))
+    product(a.double(), b.double())  # float64: torch's product, nothing measured
+    assert len(measured) == 3
+
+
+def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_kernel: str | None) -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight, bias = torch.randn(50, 16, requires_grad=True), torch.randn(50, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0, 3] = -100
+    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, 8)
+    ours_grads = torch.autograd.grad(ours, (hidden, weight, bias))
+    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) == {product_kernel}
+    leaves = [tensor.detach().double().requires_grad_() for tensor in (hidden, weight, bias)]
+    reference = nn.functional.cross_entropy(
+        nn.functional.linear(*leaves).flatten(0, 1), labels.flatten(), reduction="sum", label_smoothing=0.1
+    )
+    reference_grads = torch.autograd.grad(reference, leaves)
+    torch.testing.assert_close(ours.double(), reference, rtol=1e-5, atol=0)  # float32 rounding, 20 log-softmaxes
+    for got, expected in zip(ours_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
