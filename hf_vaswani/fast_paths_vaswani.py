@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 class VaswaniLinear(nn.Linear):
@@ -198,6 +199,7 @@ class LinearByFastestProducts(torch.autograd.Function):
         return product(flat, weight, bias).view(*input.shape[:-1], weight.shape[0])
 
     @staticmethod
+    @once_differentiable  # oneDNN's op has no derivative of its own: a second derivative fails loudly, not silently
     def backward(ctx, grad_output: torch.Tensor):
         flat, weight = ctx.saved_tensors
         grad_rows = grad_output.reshape(-1, weight.shape[0])
