@@ -54,9 +54,11 @@ MAX_NEAR_TIE_SENTENCES = 3
 SAME_RULE_IDENTICAL = 0.99
 # Against our own decoding, the paper's GNMT penalty, which CTranslate2 lacks, is given as its length^alpha with the
 # same alpha (the export's note): outputs differ where hypotheses of different lengths are close in score, measured on
-# 3-6 of 500 sentences on four trained models (BLEU 0.05-0.15 apart). The tolerances allow 3x as many.
+# 3-7 of 500 sentences on five trained models. The tolerance allows 3x as many. What those few sentences do to BLEU
+# depends on the model, not on the export: 0.05-0.15 apart on four models, 1.81 on a fifth (CI's AVX2 pass after
+# training's products moved to the kernel measured fastest: 7 long outputs of the half-trained model, where the
+# GNMT penalty keeps the longer hypothesis), so BLEU is asserted for each decoding on its own (a real translator).
 PAPER_IDENTICAL = 0.96
-PAPER_BLEU_TOLERANCE = 0.5
 # Issue 17's bound. fp32 minus int8 BLEU measured on four models trained like this: -0.2 to 0.4 where CTranslate2's int8
 # products use VNNI (this AMD EPYC as is), -0.2 to 0.9 with oneDNN held to AVX2 (CI's second pass), where u8 x s8 pairs
 # are summed in saturating int16 (vpmaddubsw) and flip the close calls of a half-trained model. The demo's fully trained
@@ -243,7 +245,7 @@ def test_ctranslate2_translates_the_demo_model_as_we_do(demo: Demo, tmp_path: Pa
 
     assert identical_fraction(same_rule, ct2_beam) >= SAME_RULE_IDENTICAL
     assert identical_fraction(paper, ct2_beam) >= PAPER_IDENTICAL
-    assert abs(scores["ct2 beam"] - scores["ours beam (paper)"]) <= PAPER_BLEU_TOLERANCE
+    assert scores["ct2 beam"] >= REAL_TRANSLATOR_BLEU
 
     int8_tolerance = INT8_BLEU_TOLERANCE if int8_products_use_vnni() else 1.5
     assert abs(scores["ct2 int8 beam"] - scores["ct2 beam"]) <= int8_tolerance
