@@ -5,6 +5,9 @@
 - `product`, `LinearByFastestProducts`: the float32 CPU products of training and of many-row inference (a linear
   layer's forward and both gradients, the loss's output projection) by oneDNN where it measures faster than torch's
   BLAS on the running CPU.
+- `kernels_chosen_by_timing`: whether the kernels above are chosen by measurement. Timings vary with the machine's
+  load, so two runs can choose differently and round differently; under `torch.use_deterministic_algorithms` (as
+  TrainingArguments' `full_determinism` sets) torch's own kernels run instead, and a seeded run repeats bit for bit.
 - `VaswaniDropout`: nn.Dropout with a cheaper CPU mask.
 - `attend_with_shared_source`: the beams of a sentence attend to one copy of its encoder states.
 - `float32_attention`: attention in float32 under CPU autocast (bf16 mixed precision).
@@ -41,6 +44,7 @@ class VaswaniLinear(nn.Linear):
         rows = input.numel() // self.in_features
         if (
             torch.compiler.is_compiling()  # first: compiled graphs keep to standard kernels and guard on no copy
+            or not kernels_chosen_by_timing()
             or torch.is_autocast_enabled("cpu")
             or self.weight.device.type != "cpu"
             or self.weight.dtype != torch.float32
@@ -51,6 +55,11 @@ class VaswaniLinear(nn.Linear):
         flat = input.reshape(rows, self.in_features)
         output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
         return output.view(*input.shape[:-1], self.out_features)
+
+
+def kernels_chosen_by_timing() -> bool:
+    """Whether products may run on the kernel measured fastest here: not under torch.use_deterministic_algorithms."""
+    return not torch.are_deterministic_algorithms_enabled()
 
 
 class PackedKernel(NamedTuple):
@@ -138,6 +147,7 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
             linear.weight.device.type == "cpu"
             and linear.weight.dtype == torch.float32
             and not torch.compiler.is_compiling()
+            and kernels_chosen_by_timing()
             and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads)) is not None
         ):
             linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
@@ -170,6 +180,7 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         a.dtype != torch.float32
         or a.device.type != "cpu"
         or torch.is_autocast_enabled("cpu")
+        or not kernels_chosen_by_timing()
         or not torch.backends.mkldnn.is_available()
         or 0 in (*a.shape, *b.shape)
     ):

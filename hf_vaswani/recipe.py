@@ -142,6 +142,13 @@ class RecipeSettings:
     seed: int = field(
         default=0, metadata={"help": "seed of the initial weights, data order and dropout (and the embedded corpus)"}
     )
+    full_determinism: bool = field(
+        default=False,
+        metadata={
+            "help": "repeat a seeded run bit for bit on this machine: torch's deterministic algorithms, and its own "
+            "kernels rather than those measured fastest here (a machine's load can change that choice)"
+        },
+    )
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision"})
     bf16_if_faster: bool = field(
         default=False,
@@ -190,6 +197,11 @@ class RecipeSettings:
         precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
         if len(precisions) > 1:
             raise ValueError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
+        if self.full_determinism and self.bf16_if_faster:
+            raise ValueError(
+                f"{setting_flag('bf16_if_faster')} chooses the precision by timing, which a machine's load can change: "
+                f"with {setting_flag('full_determinism')} choose {setting_flag('bf16')} or float32"
+            )
         if self.logging_steps > self.max_steps:
             raise ValueError(
                 f"{setting_flag('logging_steps')} ({self.logging_steps}) is larger than {setting_flag('max_steps')} "
@@ -442,6 +454,7 @@ def run_recipe(
         logging_steps=settings.logging_steps,
         seed=settings.seed,
         data_seed=settings.seed,
+        full_determinism=settings.full_determinism,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         dataloader_num_workers=0,

@@ -1,4 +1,5 @@
-"""Scaling out: 2-process CPU training through accelerate equals 1 process with the same global batch; exact resume."""
+"""Scaling out: 2-process CPU training through accelerate equals 1 process with the same global batch; exact resume;
+seeded runs in full_determinism repeat bit for bit, no kernel chosen by timing."""
 
 import json
 import os
@@ -40,8 +41,8 @@ def tiny_run(data: Path, output: Path, update_freq: int, steps: int, save_every:
             *extra]  # fmt: skip
 
 
-def run(arguments: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def run(arguments: list[str], **env_overrides: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env_overrides}
     result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
 
@@ -89,3 +90,12 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path
     straight, resumed = torch.load(tmp_path / "straight" / "state_rank0.pt"), torch.load(killed / "state_rank0.pt")
     for name in straight:
         torch.testing.assert_close(resumed[name], straight[name], atol=0, rtol=0, msg=name)
+
+
+def test_seeded_runs_in_full_determinism_time_no_kernel_and_repeat_bit_for_bit(tmp_path, data_file) -> None:
+    # Timing can choose other kernels on a loaded machine than on a quiet one, and they round otherwise.
+    for name in ("first", "second"):
+        run(tiny_run(data_file, tmp_path / name, 1, 4, 0, 0.1), NO_KERNEL_TIMING="1")
+    first, second = (torch.load(tmp_path / name / "state_rank0.pt") for name in ("first", "second"))
+    for name in first:
+        assert torch.equal(first[name], second[name]), name

@@ -59,19 +59,23 @@ SAME_RULE_IDENTICAL = 0.99
 # training's products moved to the kernel measured fastest: 7 long outputs of the half-trained model, where the
 # GNMT penalty keeps the longer hypothesis), so BLEU is asserted for each decoding on its own (a real translator).
 PAPER_IDENTICAL = 0.96
-# Issue 17's bound. fp32 minus int8 BLEU measured on four models trained like this: -0.2 to 0.4 where CTranslate2's int8
-# products use VNNI (this AMD EPYC as is), -0.2 to 0.9 with oneDNN held to AVX2 (CI's second pass), where u8 x s8 pairs
-# are summed in saturating int16 (vpmaddubsw) and flip the close calls of a half-trained model. The demo's fully trained
-# model (1500 steps) differs by at most 0.2 on either path. Without VNNI the half-trained fixture gets 1.5, so that a
-# pass on an AVX2-only path does not fail on one close call too many (up to 1.3 measured on test + validation).
+# Issue 17's bound, where CTranslate2's int8 products sum exactly (VNNI). fp32 minus int8 BLEU measured on four models
+# trained like this: -0.2 to 0.4 there; the demo's fully trained model (1500 steps) differs by at most 0.2. Where the
+# int8 library is held below VNNI (oneDNN by ONEDNN_MAX_CPU_ISA=AVX2, as in CI's second pass; MKL, which CTranslate2
+# takes on Intel CPUs, by MKL_CBWR), u8 x s8 pairs are summed in saturating int16 (vpmaddubsw): that arithmetic changed
+# 20% of this half-trained model's beam outputs on an Intel Xeon with MKL_CBWR=AVX2 (4% with VNNI) and moved BLEU by
+# up to 2.1 either way on the models tried: a property of CTranslate2's arithmetic, not of the export, so there the
+# int8 model is asserted to be a real translator.
 INT8_BLEU_TOLERANCE = 1.0
 
 
 def int8_products_use_vnni() -> bool:
-    """Whether CTranslate2's int8 products sum exactly here: a CPU with VNNI, and oneDNN not held below AVX-512."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    held_to_avx2 = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper().startswith("AVX2")
-    return ("avx512_vnni" in flags or "avx_vnni" in flags) and not held_to_avx2
+    """Whether CTranslate2's int8 products sum exactly here: a CPU with VNNI, and its int8 library not held below it."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    onednn_held = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper().startswith("AVX2")
+    mkl_path = os.environ.get("MKL_CBWR", "AUTO").upper()  # AVX512_E1 and AVX2_E1 are MKL's paths with VNNI
+    mkl_held = "GenuineIntel" in cpuinfo and not (mkl_path.startswith("AUTO") or "_E" in mkl_path)
+    return ("avx512_vnni" in cpuinfo or "avx_vnni" in cpuinfo) and not onednn_held and not mkl_held
 
 
 @dataclass
@@ -247,5 +251,7 @@ def test_ctranslate2_translates_the_demo_model_as_we_do(demo: Demo, tmp_path: Pa
     assert identical_fraction(paper, ct2_beam) >= PAPER_IDENTICAL
     assert scores["ct2 beam"] >= REAL_TRANSLATOR_BLEU
 
-    int8_tolerance = INT8_BLEU_TOLERANCE if int8_products_use_vnni() else 1.5
-    assert abs(scores["ct2 int8 beam"] - scores["ct2 beam"]) <= int8_tolerance
+    if int8_products_use_vnni():
+        assert abs(scores["ct2 int8 beam"] - scores["ct2 beam"]) <= INT8_BLEU_TOLERANCE
+    else:
+        assert scores["ct2 int8 beam"] >= REAL_TRANSLATOR_BLEU

@@ -133,6 +133,36 @@ def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monk
     assert len(measured) == 3
 
 
+@pytest.fixture
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms for one test (as TrainingArguments' full_determinism sets it)."""
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_under_deterministic_algorithms_linears_are_torchs_and_nothing_is_timed(
+    deterministic_algorithms, monkeypatch
+) -> None:
+    def timing_forbidden(products: dict) -> None:
+        raise AssertionError("a kernel was chosen by timing under deterministic algorithms")
+
+    monkeypatch.setattr(fast_paths_vaswani, "fastest", timing_forbidden)
+    fastest_packed_kernel.cache_clear()
+    torch.manual_seed(0)
+    layer, inputs = VaswaniLinear(48, 80), torch.randn(3, 5, 48, requires_grad=True)
+    output = layer(inputs)
+    grads = torch.autograd.grad(output.sum(), (inputs, layer.weight, layer.bias))
+    expected = nn.functional.linear(inputs, layer.weight, layer.bias)
+    expected_grads = torch.autograd.grad(expected.sum(), (inputs, layer.weight, layer.bias))
+    assert torch.equal(output, expected)
+    assert all(torch.equal(got, want) for got, want in zip(grads, expected_grads, strict=True))
+    a, b = torch.randn(200, 48), torch.randn(80, 48)
+    assert torch.equal(product(a, b), nn.functional.linear(a, b))
+    with packed_decoder_weights([layer]):
+        assert layer.packed_weight is None
+
+
 def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_kernel: str | None) -> None:
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16, requires_grad=True)

@@ -321,6 +321,8 @@ def test_bf16_if_faster_takes_bf16_only_for_a_measured_clear_win(monkeypatch, ca
     assert recipe.training_precision(RecipeSettings()) == "fp32"
     with pytest.raises(ValueError, match="--bf16 and --bf16-if-faster exclude each other"):
         RecipeSettings(bf16=True, bf16_if_faster=True)
+    with pytest.raises(ValueError, match="--bf16-if-faster chooses the precision by timing"):
+        RecipeSettings(bf16_if_faster=True, full_determinism=True)
 
 
 @pytest.mark.skipif(not cpu_bf16_matmul_works(), reason="a bfloat16 matmul traps on this CPU")

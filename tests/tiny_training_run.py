@@ -2,6 +2,7 @@
 
 Usage: python tiny_training_run.py DATA.tsv OUTPUT_DIR MAX_TOKENS UPDATE_FREQ STEPS SAVE_STEPS DROPOUT [resume]
 Writes OUTPUT_DIR/state_rank{R}.pt (each rank's final parameters) and, from rank 0, OUTPUT_DIR/losses.json.
+The run is seeded and in transformers' full_determinism; with NO_KERNEL_TIMING=1 a kernel choice by timing fails it.
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_paths_vaswani
 from hf_vaswani.data import load_tsv
 from hf_vaswani.tokenization import train_shared_bpe_from_dataset
 from hf_vaswani.training import VaswaniTrainer, paper_training_arguments, tokenize_corpus
@@ -23,6 +24,12 @@ max_tokens, update_freq, steps, save_steps = (int(value) for value in sys.argv[3
 dropout = float(sys.argv[7])
 resume = sys.argv[8:] == ["resume"]
 torch.set_num_threads(1)
+if os.environ.get("NO_KERNEL_TIMING"):
+
+    def timing_forbidden(products: dict) -> None:
+        raise RuntimeError("a kernel was chosen by timing in full_determinism")
+
+    fast_paths_vaswani.fastest = timing_forbidden
 dataset = load_tsv(data)
 tokenizer = train_shared_bpe_from_dataset(dataset, vocab_size=300, min_frequency=1)
 torch.manual_seed(0)
@@ -40,6 +47,7 @@ args = paper_training_arguments(
     save_steps=save_steps or 1,
     disable_tqdm=True,
     seed=0,
+    full_determinism=True,
     dataloader_num_workers=0,
 )
 trainer = VaswaniTrainer(
