@@ -44,6 +44,11 @@ def run_without_hf_vaswani(script: str, args: list[str], workdir: Path) -> dict:
 WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "house", "river"]
 
 
+def timing_forbidden(products: dict) -> None:
+    """Stands in for fast_paths_vaswani.fastest where no kernel may be chosen by timing (full_determinism)."""
+    raise RuntimeError("a kernel was chosen by timing under deterministic algorithms")
+
+
 def reversal_pairs(count: int, seed: int) -> list[tuple[str, str]]:
     """A toy translation task: the target is the source in capitals (a new vocabulary, aligned word by word)."""
     rng = random.Random(seed)

@@ -6,7 +6,14 @@ import math
 
 import pytest
 import torch
-from helpers import DECODING_PATHS, INT8_LOGIT_TOLERANCE, PROBE_SENTENCES, mistranslations, teacher_forced_logits
+from helpers import (
+    DECODING_PATHS,
+    INT8_LOGIT_TOLERANCE,
+    PROBE_SENTENCES,
+    mistranslations,
+    teacher_forced_logits,
+    timing_forbidden,
+)
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -136,17 +143,15 @@ def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monk
 @pytest.fixture
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms for one test (as TrainingArguments' full_determinism sets it)."""
+    previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     yield
-    torch.use_deterministic_algorithms(False)
+    torch.use_deterministic_algorithms(previous)
 
 
 def test_under_deterministic_algorithms_linears_are_torchs_and_nothing_is_timed(
     deterministic_algorithms, monkeypatch
 ) -> None:
-    def timing_forbidden(products: dict) -> None:
-        raise AssertionError("a kernel was chosen by timing under deterministic algorithms")
-
     monkeypatch.setattr(fast_paths_vaswani, "fastest", timing_forbidden)
     fastest_packed_kernel.cache_clear()
     torch.manual_seed(0)
