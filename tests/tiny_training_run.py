@@ -71,3 +71,5 @@ torch.save(trainer.model.state_dict(), output / f"state_rank{trainer.args.proces
 if trainer.is_world_process_zero():
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     (output / "losses.json").write_text(json.dumps(losses))
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()  # PyTorch asks this of every process-group program before it exits
