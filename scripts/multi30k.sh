@@ -26,6 +26,10 @@
 # run reaches its 6,000-step cap in 25 minutes: val 39.93, no better than 3,455 steps (39.92); dropout 0.2 rather than
 # 0.1 there: greedy val-500 BLEU 13.0 at step 1200 and 12.6 at 1600, against 30.6 and 33.3; attention and ReLU dropout
 # 0.1 each besides (5,403 steps in the budget): val 39.57 against 39.93.
+# On an Intel Xeon (AMX) VM: dropout 0.2 with Eq. 3 x 2.0 and 1,200 warmup steps (Wu et al.'s peak rate, 0.005,
+# reached more gently; 4,321 steps in the budget): greedy val-500 BLEU 23.0, 33.0, 38.3 at steps 1200, 2000, 4000;
+# dropout 0.15 (3,748 steps in a slower stretch of the same VM): 28.9, 34.7, 39.8 at steps 1200, 2000, 3600; against 30.6,
+# 36.6, 40.3 at those steps for dropout 0.1 (the curve in the README) and 40.6 at step 4000 on an Intel Xeon.
 # Usage: [SRC_LANG=en TGT_LANG=de] scripts/multi30k.sh DATA_DIR [OUTPUT_DIR] [extra `vaswani train` options...]
 #   DATA_DIR holds train, val and test_2016_flickr .$SRC_LANG.gz/.$TGT_LANG.gz (raw text, one sentence a line).
 #   Later options win.
