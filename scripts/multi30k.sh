@@ -28,8 +28,8 @@
 # 0.1 each besides (5,403 steps in the budget): val 39.57 against 39.93.
 # On an Intel Xeon (AMX) VM: dropout 0.2 with Eq. 3 x 2.0 and 1,200 warmup steps (Wu et al.'s peak rate, 0.005,
 # reached more gently; 4,321 steps in the budget): greedy val-500 BLEU 23.0, 33.0, 38.3 at steps 1200, 2000, 4000;
-# dropout 0.15 (3,748 steps in a slower stretch of the same VM): 28.9, 34.7, 39.8 at steps 1200, 2000, 3600; against 30.6,
-# 36.6, 40.3 at those steps for dropout 0.1 (the curve in the README) and 40.6 at step 4000 on an Intel Xeon.
+# dropout 0.15 (3,748 steps in a slower stretch of the same VM): 28.9, 34.7, 39.8 at steps 1200, 2000, 3600. Dropout 0.1
+# had 30.6, 36.6, 40.3 at steps 1200, 2000, 3600 (the AMD EPYC curve in the README) and 40.6 at 4000 on an Intel Xeon.
 # Usage: [SRC_LANG=en TGT_LANG=de] scripts/multi30k.sh DATA_DIR [OUTPUT_DIR] [extra `vaswani train` options...]
 #   DATA_DIR holds train, val and test_2016_flickr .$SRC_LANG.gz/.$TGT_LANG.gz (raw text, one sentence a line).
 #   Later options win.
