@@ -140,7 +140,7 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
         else:
             order = np.argsort(longest, kind="stable")
         batches = self._pack(order)
-        batches = self._split_to_multiple(batches)
+        batches = self._split_to(batches, self._batch_count(len(batches)))
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -169,18 +169,20 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             batches.append(batch)
         return batches
 
-    def _split_to_multiple(self, batches: list[list[int]]) -> list[list[int]]:
-        replicas = self.num_replicas
-        needed = -len(batches) % replicas
+    def _batch_count(self, packed: int) -> int:
+        """How many batches an epoch packed into `packed` is split into: the next multiple of the replica count."""
+        return math.ceil(packed / self.num_replicas) * self.num_replicas
+
+    def _split_to(self, batches: list[list[int]], target_count: int) -> list[list[int]]:
+        needed = target_count - len(batches)
         if not needed:
             return batches
         # Each split adds one batch, so counts from len(batches) up to one example per batch are reachable.
-        target_count = math.ceil(len(batches) / replicas) * replicas
         if target_count > len(self.source_lengths):
             raise ValueError(
-                f"cannot give {replicas} replicas the same number of batches: max_tokens={self.max_tokens} already "
-                f"yields {len(batches)} batches for {len(self.source_lengths)} examples and no split reaches a "
-                f"multiple of {replicas}; raise max_tokens"
+                f"cannot give {self.num_replicas} replicas the same number of batches: max_tokens={self.max_tokens} "
+                f"already yields {len(batches)} batches for {len(self.source_lengths)} examples and no split reaches "
+                f"{target_count}; raise max_tokens"
             )
         # Splitting the most populous batches keeps the halves large, so the extra steps cost the least. A piece is
         # keyed by its batch's position and its path in the split tree, so sorting the keys restores the length order.

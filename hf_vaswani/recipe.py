@@ -29,6 +29,7 @@ from .plots import plot_training_curves
 from .tokenization import train_shared_bpe_from_dataset
 from .training import (
     BF16_MIN_SPEEDUP,
+    BpeDropoutPairs,
     CheckpointAveragingCallback,
     TrainingTimeBudgetCallback,
     ValidationBleuCallback,
@@ -158,6 +159,14 @@ class RecipeSettings:
         },
     )
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
+    bpe_dropout: float | None = field(
+        default=None,
+        metadata={
+            "help": "segment the training pairs afresh every epoch, skipping each BPE merge with this probability "
+            "(BPE-dropout, Provilkov et al., 2020; not in the paper: a regulariser for small corpora; unseeded); None: "
+            "the fixed segmentation"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -197,6 +206,13 @@ class RecipeSettings:
         precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
         if len(precisions) > 1:
             raise ValueError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
+        if self.bpe_dropout is not None and not 0 < self.bpe_dropout < 1:
+            raise ValueError(f"{setting_flag('bpe_dropout')} must be in (0, 1), got {self.bpe_dropout}")
+        if self.full_determinism and self.bpe_dropout is not None:
+            raise ValueError(
+                f"{setting_flag('bpe_dropout')} draws from tokenizers' unseeded generator: a run with it cannot repeat "
+                f"bit for bit ({setting_flag('full_determinism')})"
+            )
         if self.full_determinism and self.bf16_if_faster:
             raise ValueError(
                 f"{setting_flag('bf16_if_faster')} chooses the precision by timing, which a machine's load can change: "
@@ -441,6 +457,8 @@ def run_recipe(
         )
     if settings.max_train_minutes is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
+    if settings.bpe_dropout is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"{setting_flag('bpe_dropout')} segments in one process; with several, train without it")
     precision = training_precision(settings)
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = paper_training_arguments(
@@ -475,7 +493,12 @@ def run_recipe(
             replace_folder(tokenizer_dir, tokenizer.save_pretrained)
     set_seed(settings.seed)  # the initial weights too are a function of the seed
     model = build_model(settings, tokenizer)
-    tokenized = tokenize_corpus(corpus["train"], tokenizer)
+    if settings.bpe_dropout is None:
+        tokenized = tokenize_corpus(corpus["train"], tokenizer)
+    else:
+        tokenized = BpeDropoutPairs(
+            corpus["train"]["source"], corpus["train"]["target"], tokenizer, settings.bpe_dropout
+        )
     averaging = CheckpointAveragingCallback(
         settings.average_last, end_at_best_validation=settings.early_stopping_patience is not None
     )

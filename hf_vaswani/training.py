@@ -9,6 +9,7 @@ about `max_tokens` source and target tokens (§5.1) and the exact learning-rate 
 import copy
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -19,9 +20,11 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
 from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
@@ -168,6 +171,83 @@ def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenize
     return corpus.map(encode, batched=True, remove_columns=columns, desc="Tokenizing")
 
 
+class BpeDropoutPairs(torch.utils.data.Dataset):
+    """Training pairs segmented afresh every epoch with BPE-dropout (Provilkov et al., 2020, "BPE-Dropout: Simple and
+    Effective Subword Regularization"): each merge of the BPE model is skipped with probability `dropout`.
+
+    Not in the paper: a regulariser for small corpora, on which one fixed segmentation is seen many times. `tokenizers`'
+    BPE model does the dropout, on a copy of `tokenizer`'s backend (so validation and test keep deterministic BPE), and
+    draws from its own generator, which cannot be seeded: a run with BPE-dropout does not repeat bit for bit, and a
+    resumed run segments its epochs afresh.
+    `ResegmentedBatchSampler` packs each epoch's batches on that epoch's lengths (about 15% more tokens at 0.1): packed
+    on the deterministic lengths, the resegmented batches would carry half again as much padding.
+    """
+
+    def __init__(
+        self, sources: Sequence[str], targets: Sequence[str], tokenizer: PreTrainedTokenizerBase, dropout: float
+    ) -> None:
+        if not 0 < dropout < 1:
+            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
+        self.sources, self.targets = list(sources), list(targets)
+        self.backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # model, pre-tokenizer and </s>
+        self.backend.model.dropout = dropout
+        self.epoch: int | None = None
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Segment the pairs for `epoch` (once: the sampler and accelerate's data loader both call it)."""
+        if epoch != self.epoch:
+            self.encoded_sources = self.backend.encode_batch(self.sources)
+            self.encoded_targets = self.backend.encode_batch(self.targets)
+            self.epoch = epoch
+
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """Source and target lengths of this epoch's segmentation, </s> included."""
+        return [len(pair.ids) for pair in self.encoded_sources], [len(pair.ids) for pair in self.encoded_targets]
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        source = self.encoded_sources[index]
+        return {
+            "input_ids": source.ids,
+            "attention_mask": source.attention_mask,
+            "labels": self.encoded_targets[index].ids,
+        }
+
+
+class ResegmentedBatchSampler(TokenBatchSampler):
+    """`TokenBatchSampler` over `BpeDropoutPairs`, packing each epoch on that epoch's segmentation.
+
+    Trainer counts an epoch's steps once, from the first epoch, so every epoch has the same number of batches: the
+    first epoch's count plus a margin for the segmentations' variation (on Multi30k, 138 or 139 batches), reached by
+    splitting the largest batches as with several replicas.
+    """
+
+    def __init__(self, pairs: BpeDropoutPairs, max_tokens: int, seed: int = 0) -> None:
+        super().__init__(*pairs.lengths(), max_tokens=max_tokens, seed=seed)
+        self.pairs = pairs
+        self.num_batches: int | None = None
+        self.num_batches = math.ceil(1.03 * len(self.all_batches(0))) + 1
+        self._cache = None  # the first epoch too gets that count
+
+    def _batch_count(self, packed: int) -> int:
+        if self.num_batches is None:  # the first epoch, which sets the count
+            return packed
+        if packed > self.num_batches:
+            raise RuntimeError(
+                f"BPE-dropout: epoch {self.epoch}'s segmentation packs into {packed} batches, more than the "
+                f"{self.num_batches} that Trainer counts per epoch; raise max_tokens"
+            )
+        return self.num_batches
+
+    def _build(self, epoch: int) -> list[list[int]]:
+        self.pairs.set_epoch(epoch)
+        self.source_lengths, self.target_lengths = (np.asarray(lengths) for lengths in self.pairs.lengths())
+        return super()._build(epoch)
+
+
 def replace_file(path: Path, write: Callable[[Path], object]) -> Path:
     """Let `write` create a temporary file next to `path`, then rename it over `path`: whole or not at all.
 
@@ -281,15 +361,21 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         if self.max_tokens is None:
             return super().get_train_dataloader()
-        dataset = self._remove_unused_columns(self.train_dataset, description="training")
-        sampler = TokenBatchSampler(
-            [len(ids) for ids in dataset["input_ids"]],
-            [len(ids) for ids in dataset["labels"]],
-            max_tokens=self.max_tokens,
-            seed=self.args.seed,
-            num_replicas=self.args.world_size,
-            rank=self.args.process_index,
-        )
+        dataset = self.train_dataset
+        if isinstance(dataset, BpeDropoutPairs):
+            if self.args.world_size > 1:  # the processes' segmentations, and so their batches, would differ
+                raise ValueError("BPE-dropout segments in one process; with several, train without it")
+            sampler = ResegmentedBatchSampler(dataset, self.max_tokens, seed=self.args.seed)
+        else:
+            dataset = self._remove_unused_columns(dataset, description="training")
+            sampler = TokenBatchSampler(
+                [len(ids) for ids in dataset["input_ids"]],
+                [len(ids) for ids in dataset["labels"]],
+                max_tokens=self.max_tokens,
+                seed=self.args.seed,
+                num_replicas=self.args.world_size,
+                rank=self.args.process_index,
+            )
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_sampler=sampler,

@@ -26,6 +26,8 @@ from hf_vaswani.generation_vaswani import paper_generation_config
 from hf_vaswani.recipe import DEMO_SETTINGS, RecipeSettings, build_model, model_config, run_recipe
 from hf_vaswani.tokenization import train_shared_bpe
 from hf_vaswani.training import (
+    BpeDropoutPairs,
+    ResegmentedBatchSampler,
     TrainingTimeBudgetCallback,
     VaswaniTrainer,
     bf16_training_seconds,
@@ -181,6 +183,72 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp
     assert rates == pytest.approx(expected, rel=1e-6)  # Eq. 3, then the last 4 updates at 4/4, 3/4, 2/4, 1/4 of it
 
 
+def test_bpe_dropout_segments_every_epoch_afresh_into_the_exact_text(tokenizer) -> None:
+    sources, targets = [s for s, _ in PAIRS] * 4, [t for _, t in PAIRS] * 4
+    deterministic = tokenizer(sources, text_target=targets)
+    pairs = BpeDropoutPairs(sources, targets, tokenizer, dropout=0.5)
+    epochs = []
+    for epoch in (0, 1, 1):
+        pairs.set_epoch(epoch)
+        items = [pairs[index] for index in range(len(pairs))]
+        for item, source, target in zip(items, sources, targets, strict=True):
+            assert item["input_ids"][-1] == item["labels"][-1] == tokenizer.eos_token_id
+            assert tokenizer.decode(item["input_ids"], skip_special_tokens=True) == source
+            assert tokenizer.decode(item["labels"], skip_special_tokens=True) == target
+            assert item["attention_mask"] == [1] * len(item["input_ids"])
+        assert pairs.lengths() == ([len(i["input_ids"]) for i in items], [len(i["labels"]) for i in items])
+        epochs.append(items)
+    assert epochs[1] != epochs[0] and epochs[2] == epochs[1]  # a new epoch draws anew, the same epoch is kept
+    # Skipped merges leave more, shorter pieces; the tokenizer itself stays deterministic for validation and test.
+    assert sum(len(item["labels"]) for item in epochs[0]) > sum(map(len, deterministic["labels"]))
+    assert tokenizer(sources, text_target=targets) == deterministic
+    with pytest.raises(ValueError, match=r"BPE-dropout must be in \(0, 1\), got 1"):
+        BpeDropoutPairs(sources, targets, tokenizer, dropout=1)
+
+
+def test_bpe_dropout_batches_fit_each_epochs_segmentation_in_a_constant_count(tokenizer) -> None:
+    sources, targets = [s for s, _ in PAIRS] * 8, [t for _, t in PAIRS] * 8
+    pairs = BpeDropoutPairs(sources, targets, tokenizer, dropout=0.3)
+    sampler = ResegmentedBatchSampler(pairs, max_tokens=60, seed=0)
+    first_epoch_lengths = pairs.lengths()
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        source_lengths, target_lengths = pairs.lengths()  # this epoch's, read back from the items served
+        assert source_lengths == [len(pairs[index]["input_ids"]) for index in range(len(pairs))]
+        assert len(batches) == len(sampler) == sampler.num_batches  # what Trainer counted from the first epoch
+        assert sorted(index for batch in batches for index in batch) == list(range(len(pairs)))
+        for batch in batches:
+            assert len(batch) * max(source_lengths[index] for index in batch) <= 60
+            assert len(batch) * max(target_lengths[index] for index in batch) <= 60
+    assert pairs.lengths() != first_epoch_lengths
+
+
+def test_vaswani_trainer_trains_on_bpe_dropout_pairs(tmp_path, saved_model) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(saved_model)
+    model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
+    pairs = BpeDropoutPairs([s for s, _ in PAIRS] * 4, [t for _, t in PAIRS] * 4, tokenizer, dropout=0.1)
+    args = paper_training_arguments(
+        tmp_path / "out", max_steps=30, warmup_steps=5, save_strategy="no", use_cpu=True, disable_tqdm=True
+    )
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    trainer = VaswaniTrainer(model=model, args=args, train_dataset=pairs, data_collator=collator, max_tokens=40)
+    for batch in trainer.get_train_dataloader():
+        assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40
+    trainer.train()
+    assert trainer.state.global_step == 30 and pairs.epoch >= 2  # several epochs, each segmented afresh
+
+
+def test_bpe_dropout_with_several_processes_is_refused_before_any_work(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
+    corpus = DatasetDict(
+        {split: Dataset.from_dict({"source": ["a ."], "target": ["b ."]}) for split in ("train", "test")}
+    )
+    with pytest.raises(ValueError, match="--bpe-dropout segments in one process"):
+        run_recipe(corpus, tmp_path / "run", RecipeSettings(bpe_dropout=0.1))
+    assert not (tmp_path / "run").exists()
+
+
 def budgeted_trainer(tmp_path, saved_model, monkeypatch, step_seconds, minutes, **trainer_kwargs) -> VaswaniTrainer:
     """A VaswaniTrainer with a time budget of `minutes` on a clock whose optimizer steps take `step_seconds` each."""
     ends = itertools.accumulate(step_seconds, initial=0.0)  # the clock at train begin, then at each step's end
@@ -280,6 +348,10 @@ def test_settings_refuse_what_could_not_finish() -> None:
         RecipeSettings(max_steps=8, cooldown_steps=9, save_steps=1, logging_steps=1)
     with pytest.raises(ValueError, match="--num-beams must be positive"):
         RecipeSettings(num_beams=0)
+    with pytest.raises(ValueError, match=r"--bpe-dropout must be in \(0, 1\), got 1.5"):
+        RecipeSettings(bpe_dropout=1.5)
+    with pytest.raises(ValueError, match="--bpe-dropout draws from tokenizers' unseeded generator"):
+        RecipeSettings(bpe_dropout=0.1, full_determinism=True)
     with pytest.raises(ValueError, match="^VaswaniConfig refuses the settings: .*field 'dropout'[^\n]*$"):
         RecipeSettings(model_overrides={"dropout": "high"})  # strict's type error, as one ValueError line
     assert DEMO_SETTINGS.max_steps >= DEMO_SETTINGS.logging_steps  # the demo is a preset of the same settings
