@@ -101,9 +101,9 @@ class RecipeSettings:
     max_train_minutes: float | None = field(
         default=None,
         metadata={
-            "help": "end training after about this many minutes: until the cooldown begins, the last step is projected "
-            "from the step rate so far (at most --max-steps), so the cooldown still ends there; one process; None: "
-            "--max-steps alone"
+            "help": "end training after about this many minutes: the last step is projected from the step rate so far "
+            "(at most --max-steps), so the cooldown still ends there; once the cooldown has begun, a slower rate "
+            "brings the end sooner, the learning rate falling more steeply; one process; None: --max-steps alone"
         },
     )
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
@@ -669,6 +669,7 @@ def write_model_card(
         ("d_k / d_v", "64 / 64", f"{config.d_k} / {config.d_v}"),
         ("dropout P_drop / label smoothing", "0.1 / 0.1", f"{config.dropout} / {config.label_smoothing}"),
         ("shared BPE vocabulary", "~37000", str(config.vocab_size)),
+        ("BPE-dropout in training", "none", str(settings.bpe_dropout or "none")),
         ("batch (tokens per side)", "~25000", f"{settings.max_tokens} x update_freq {settings.update_freq}"),
         ("optimizer", "Adam(0.9, 0.98, 1e-9)", "Adam(0.9, 0.98, 1e-9)"),
         ("warmup steps / training steps", "4000 / 100000", f"{settings.warmup_steps} / {results['steps']}"),

@@ -55,8 +55,8 @@ class PaperSchedule:
     0 over the last `cooldown_steps` of `total_steps` (the last update gets 1 / cooldown_steps of Eq. 3): Eq. 3 alone
     never decays to zero, which a run of a fixed, short length can use (Hägele et al., 2024, "Scaling Laws and
     Compute-Optimal Training beyond Fixed Training Durations"). A callable object rather than a closure: LambdaLR
-    saves its attributes with the scheduler, so a resumed run keeps a `total_steps` that `TrainingTimeBudgetCallback`
-    moved.
+    saves its attributes with the scheduler, so a resumed run keeps a `total_steps` (and a shortened, fractional
+    `cooldown_steps`) that `TrainingTimeBudgetCallback` moved.
     """
 
     def __init__(self, d_model: int, warmup_steps: int, cooldown_steps: int | None, total_steps: int | None) -> None:
@@ -460,10 +460,11 @@ class TrainingTimeBudgetCallback(TrainerCallback):
     last step, which a number of steps cannot promise on CPUs that differ in speed (as fairseq's `--stop-time-hours`
     does for a schedule without an end).
 
-    At each step before the cooldown begins, the last step is projected from the mean step time so far (validation and
-    checkpoints included) and capped by `args.max_steps`; from the cooldown's first step on it stays, so the learning
-    rate falls as in a run of that many steps. A resumed run ends at the step its checkpoint's schedule holds. One
-    process only: several would each project their own last step.
+    At each step the last step is projected from the mean step time so far (validation and checkpoints included).
+    Before the cooldown begins it is capped by `args.max_steps` and moves either way. During the cooldown it only comes
+    sooner, where the machine has slowed down: the learning rate then falls from where it is to zero at the new last
+    step, steeper than planned, rather than the run overrunning its time. A resumed run ends at the step its
+    checkpoint's schedule holds. One process only: several would each project their own last step.
     """
 
     def __init__(self, minutes: float) -> None:
@@ -481,11 +482,21 @@ class TrainingTimeBudgetCallback(TrainerCallback):
         state.max_steps = self.schedule.total_steps
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
-        step, cooldown = state.global_step, self.schedule.cooldown_steps or 0
-        if self.resumed or step >= self.schedule.total_steps - cooldown:
+        schedule, step = self.schedule, state.global_step
+        if self.resumed:
             return
         projected = int(self.seconds * step / (time.perf_counter() - self.started))
-        self.schedule.total_steps = state.max_steps = max(step + cooldown, min(args.max_steps, projected))
+        if step < schedule.total_steps - (schedule.cooldown_steps or 0):
+            cooldown = schedule.cooldown_steps or 0
+            schedule.total_steps = state.max_steps = max(step + cooldown, min(args.max_steps, projected))
+        elif schedule.cooldown_steps and projected < schedule.total_steps:
+            # The scheduler has already given update `step` its factor (T - step) / C; the new line to zero at T'
+            # passes through it: (T' - step) / C' with C' = (T' - step) * C / (T - step). T' is at least the next
+            # step, which DefaultFlowCallback then still sees.
+            end = max(step + 1, projected)
+            if end < schedule.total_steps:
+                schedule.cooldown_steps *= (end - step) / (schedule.total_steps - step)
+                schedule.total_steps = state.max_steps = end
         if step >= state.max_steps:  # time is up without a cooldown; DefaultFlowCallback has already seen this step
             control.should_training_stop = True
             if args.save_strategy == "steps":

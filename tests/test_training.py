@@ -236,7 +236,7 @@ def test_vaswani_trainer_trains_on_bpe_dropout_pairs(tmp_path, saved_model) -> N
     for batch in trainer.get_train_dataloader():
         assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40
     trainer.train()
-    assert trainer.state.global_step == 30 and pairs.epoch >= 2  # several epochs, each segmented afresh
+    assert trainer.state.global_step == 30 and pairs.epoch >= 1  # more than one epoch, each segmented afresh
 
 
 def test_bpe_dropout_with_several_processes_is_refused_before_any_work(tmp_path, monkeypatch) -> None:
@@ -284,6 +284,29 @@ def test_time_budget_ends_the_run_where_its_cooldown_ends(tmp_path, saved_model,
     assert resumed.lr_lambdas[0].total_steps == 12
 
 
+def test_time_budget_ends_a_slowed_cooldown_sooner_with_the_rate_falling_from_where_it_was(
+    tmp_path, saved_model, monkeypatch
+) -> None:
+    # 19 steps of 1 s, then of 2 s, a 30 s budget and an 8-step cooldown. The cooldown begins at step 21 with the end
+    # projected at step 28 (30 s * 20 steps / 21 s), which the slower steps would reach at 37 s.
+    step_seconds = [1.0] * 19 + [2.0] * 81
+    trainer = budgeted_trainer(tmp_path, saved_model, monkeypatch, step_seconds, minutes=0.5, cooldown_steps=8)
+    trainer.train()
+    steps = trainer.state.global_step
+    assert sum(step_seconds[:steps]) <= 30 + 2  # within the budget but for the step that crosses it
+    d_model = trainer.model.config.d_model
+    factors = [
+        entry["learning_rate"] / eq3(entry["step"], d_model, 5)
+        for entry in trainer.state.log_history
+        if "learning_rate" in entry
+    ]
+    assert factors[:20] == pytest.approx([1.0] * 20)  # Eq. 3 itself until the cooldown
+    assert all(later < earlier for earlier, later in itertools.pairwise(factors[20:]))  # then falling, never rising
+    # The last update gets 1 / cooldown_steps of Eq. 3, as in a planned cooldown, with the shortened cooldown's length.
+    assert factors[-1] == pytest.approx(1 / trainer.lr_scheduler.lr_lambdas[0].cooldown_steps)
+    assert trainer.lr_scheduler.lr_lambdas[0].total_steps == steps
+
+
 def test_time_budget_without_a_cooldown_stops_and_saves_when_time_is_up(tmp_path, saved_model, monkeypatch) -> None:
     # 6 steps of 1 s, then of 3 s: the clock reaches the 30 s budget at the end of step 6 + (30 - 6) / 3 = 14.
     trainer = budgeted_trainer(tmp_path, saved_model, monkeypatch, [1.0] * 6 + [3.0] * 94, minutes=0.5)
@@ -311,6 +334,7 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
         logging_steps=2,
         average_last=3,
         num_beams=2,
+        bpe_dropout=0.1,
     )
     results = run_recipe(corpus, tmp_path, settings, dataset_name="toy")
     written = json.loads((tmp_path / "results.json").read_text())
@@ -322,6 +346,8 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     if cpu_lines:
         assert results["cpu"] == cpu_lines[0].partition(":")[2].strip() and results["cpu"] in card
     assert card.startswith("---\n") and f"value: {results['bleu']}" in card and "$" not in card.split("---")[1]
+    assert "| BPE-dropout in training | none | 0.1 |" in card
+    assert "BPE-dropout in training" in card.partition("Deviations from the paper:")[2].splitlines()[0]
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
     # The saved weights are the average of the last 3 checkpoints, not the last one.
