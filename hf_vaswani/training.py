@@ -482,14 +482,13 @@ class TrainingTimeBudgetCallback(TrainerCallback):
         state.max_steps = self.schedule.total_steps
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
-        schedule, step = self.schedule, state.global_step
+        schedule, step, cooldown = self.schedule, state.global_step, self.schedule.cooldown_steps or 0
         if self.resumed:
             return
         projected = int(self.seconds * step / (time.perf_counter() - self.started))
-        if step < schedule.total_steps - (schedule.cooldown_steps or 0):
-            cooldown = schedule.cooldown_steps or 0
+        if step < schedule.total_steps - cooldown:
             schedule.total_steps = state.max_steps = max(step + cooldown, min(args.max_steps, projected))
-        elif schedule.cooldown_steps and projected < schedule.total_steps:
+        elif cooldown and projected < schedule.total_steps:
             # The scheduler has already given update `step` its factor (T - step) / C; the new line to zero at T'
             # passes through it: (T' - step) / C' with C' = (T' - step) * C / (T - step). T' is at least the next
             # step, which DefaultFlowCallback then still sees.
