@@ -228,13 +228,11 @@ class ResegmentedBatchSampler(TokenBatchSampler):
     def __init__(self, pairs: BpeDropoutPairs, max_tokens: int, seed: int = 0) -> None:
         super().__init__(*pairs.lengths(), max_tokens=max_tokens, seed=seed)
         self.pairs = pairs
-        self.num_batches: int | None = None
-        self.num_batches = math.ceil(1.03 * len(self.all_batches(0))) + 1
-        self._cache = None  # the first epoch too gets that count
+        longest = np.maximum(self.source_lengths, self.target_lengths)
+        packed = len(self._pack(np.argsort(longest, kind="stable")))  # the first epoch's segmentation
+        self.num_batches = math.ceil(1.03 * packed) + 1
 
     def _batch_count(self, packed: int) -> int:
-        if self.num_batches is None:  # the first epoch, which sets the count
-            return packed
         if packed > self.num_batches:
             raise RuntimeError(
                 f"BPE-dropout: epoch {self.epoch}'s segmentation packs into {packed} batches, more than the "
