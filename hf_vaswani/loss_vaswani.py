@@ -16,7 +16,8 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
     memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
-    -100 are left out before the projection. Each product runs on the kernel measured fastest on this CPU (`product`).
+    -100 are left out before the projection. The logits and the input gradient run on the kernel measured fastest on
+    this CPU (`product`); without autocast the weight gradient accumulates in place (addmm_).
     """
 
     @staticmethod
@@ -40,7 +41,10 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
             grad_logits = grad_logits.to(rows.dtype)
             grad_rows[start : start + chunk_size] = product(grad_logits, weight.T)
             if grad_weight is not None:
-                grad_weight += product(grad_logits.T, rows.T)  # not addmm_: autocast keeps in-place products float32
+                if torch.is_autocast_enabled(weight.device.type):  # in-place products stay float32 under autocast
+                    grad_weight += product(grad_logits.T, rows.T)
+                else:  # in place: no temporary the size of the weight
+                    grad_weight.addmm_(grad_logits.T, rows)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         grad_hidden = hidden.new_zeros(hidden.shape)
@@ -72,7 +76,10 @@ def label_smoothed_loss(
     labels = labels.masked_fill(labels == pad_token_id, -100).to(hidden_states.device)
     if logits is None:
         weight, bias = output_projection.weight, output_projection.bias
-        chunk_size = max(1, 2**22 // weight.shape[0])  # about 16 MiB of float32 logits per chunk
+        # At most ~16 MiB of float32 logits a chunk, and at most 2 d_model positions: past that, the weight gradient's
+        # accumulation (a pass over vocabulary x d_model per chunk) is already small against the chunk's products, and
+        # larger logits only fall out of cache (README, "Performance").
+        chunk_size = max(1, min(2 * weight.shape[1], 2**22 // weight.shape[0]))
         total = ProjectedLabelSmoothedLoss.apply(hidden_states, weight, bias, labels, label_smoothing, chunk_size)
     else:
         total = nn.functional.cross_entropy(

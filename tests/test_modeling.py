@@ -553,6 +553,27 @@ def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_si
         torch.testing.assert_close(got, expected, msg=name)
 
 
+@pytest.mark.parametrize("chunk_size", [4, 64])
+def test_chunked_projected_loss_under_bf16_autocast_matches_torch_cross_entropy(chunk_size: int) -> None:
+    """Mixed precision: bfloat16 products, the loss and the float32 weight gradient summed in float32 over chunks."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0, 3] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, None, labels, 0.1, chunk_size)
+        logits = nn.functional.linear(hidden, weight).float().flatten(0, 1)
+        reference = nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum", label_smoothing=0.1)
+    ours_grads = torch.autograd.grad(ours, (hidden, weight))
+    reference_grads = torch.autograd.grad(reference, (hidden, weight))
+    assert ours.dtype == torch.float32 and all(grad.dtype == torch.float32 for grad in ours_grads)
+    # bfloat16 keeps 8 significant bits: both sides round the logits and the logit gradients to it (rtol 2^-8)
+    torch.testing.assert_close(ours, reference, rtol=2**-8, atol=0)
+    for name, got, expected in zip(("hidden", "weight"), ours_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item(), msg=name)
+
+
 def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch(tiny_config_kwargs: dict) -> None:
     model = make_model(**tiny_config_kwargs)
     source, source_mask = padded_batch(61, [6, 4, 7, 3])
