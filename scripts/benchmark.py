@@ -7,7 +7,8 @@ converts the same saved Marian folder. Repetitions alternate between systems and
 Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search
 output tokens/s at a forced output length (min = max length), and peak RSS growth over the first two training steps
 (resident set size sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory
-trimmed first). Each system trains one copy of its model through all repetitions, as one training process would.
+trimmed first). Each system trains one copy of its model through all repetitions, as one training process would;
+hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk by chunk, no full-vocabulary logits).
 
     python scripts/benchmark.py --preset tiny --repeats 2
     python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
@@ -217,6 +218,8 @@ class TrainingRun:
 
     def __init__(self, model: torch.nn.Module, batch: dict, dtype: str) -> None:
         self.model = copy.deepcopy(model).train()  # the decoding models stay untouched
+        if hasattr(self.model.config, "loss_without_logits"):
+            self.model.config.loss_without_logits = True  # as VaswaniTrainer trains
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
         self.batch, self.dtype = batch, dtype
         self.tokens_per_step = batch["input_ids"].numel() + batch["labels"].numel()
