@@ -28,6 +28,9 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         vocab_size, eps = weight.shape[0], label_smoothing
         grad_rows = torch.empty_like(hidden_rows)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        if torch.is_autocast_enabled(weight.device.type):  # cast once here, not in each chunk's three products
+            dtype = torch.get_autocast_dtype(weight.device.type)
+            hidden_rows, weight = hidden_rows.to(dtype), weight.to(dtype)
         grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
         loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
         total = hidden.new_zeros((), dtype=loss_dtype)
