@@ -28,10 +28,11 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         vocab_size, eps = weight.shape[0], label_smoothing
         grad_rows = torch.empty_like(hidden_rows)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
-        if torch.is_autocast_enabled(weight.device.type):  # cast once here, not in each chunk's three products
+        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        autocast = torch.is_autocast_enabled(weight.device.type)
+        if autocast:  # cast once here, not in each chunk's three products; the gradients above stay float32
             dtype = torch.get_autocast_dtype(weight.device.type)
             hidden_rows, weight = hidden_rows.to(dtype), weight.to(dtype)
-        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
         loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
         total = hidden.new_zeros((), dtype=loss_dtype)
         for start in range(0, labels.shape[0], chunk_size):
@@ -44,7 +45,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
             grad_logits = grad_logits.to(rows.dtype)
             grad_rows[start : start + chunk_size] = product(grad_logits, weight.T)
             if grad_weight is not None:
-                if torch.is_autocast_enabled(weight.device.type):  # in-place products stay float32 under autocast
+                if autocast:  # an in-place product would run in float32 under autocast
                     grad_weight += product(grad_logits.T, rows.T)
                 else:  # in place: no temporary the size of the weight
                     grad_weight.addmm_(grad_logits.T, rows)
