@@ -32,8 +32,8 @@ class VaswaniLinear(nn.Linear):
 
     A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
     are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
-    by `packed_decoder_weights` for one `generate` call), CPU inference on at most 256 rows multiplies by it instead:
-    the same product up to float rounding (README, "Performance"). Other products go through
+    by `packed_decoder_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
+    multiplies by it instead: the same product up to float rounding (README, "Performance"). Other products go through
     `LinearByFastestProducts`, which picks each product's kernel by measurement.
     """
 
@@ -137,10 +137,16 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
     """Packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block, in the
     kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
 
-    Scoped to one generation: the weights cannot change meanwhile (an in-place update such as fused AdamW's does not
-    even bump a tensor's version counter, so a copy kept longer could silently go stale).
+    Scoped to a block in which the weights cannot change, one `generate` call or a caller's batch loop (an in-place
+    update such as fused AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go
+    stale). Blocks nest: a weight an enclosing block packed stays packed, until that block ends.
     """
-    linears = [module for layer in layers for module in layer.modules() if isinstance(module, VaswaniLinear)]
+    linears = [
+        module
+        for layer in layers
+        for module in layer.modules()
+        if isinstance(module, VaswaniLinear) and module.packed_weight is None
+    ]
     threads = torch.get_num_threads()
     for linear in linears:
         if (

@@ -277,13 +277,21 @@ def translate(
     )
     translations: list[str] = [""] * len(sentences)
     model.eval()
-    for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
-        batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
-        with torch.inference_mode():
-            generated = model.generate(**batch, **generate_kwargs)
-        for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-            translations[i] = text
+    with packed_weights(model):
+        for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
+            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
+            with torch.inference_mode():
+                generated = model.generate(**batch, **generate_kwargs)
+            for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+                translations[i] = text
     return translations
+
+
+def packed_weights(model: PreTrainedModel) -> contextlib.AbstractContextManager[None]:
+    """The model's decoding weights packed once for a loop of `generate` calls (`packed_weights` of this package's
+    models; other models, such as MarianMTModel, have nothing to pack)."""
+    pack = getattr(model, "packed_weights", None)
+    return pack() if pack is not None else contextlib.nullcontext()
 
 
 def check_nbest(k: int, num_beams: int | None = None) -> None:
@@ -335,30 +343,31 @@ def translate_nbest(
     )
     nbest: list[list[Hypothesis]] = [[] for _ in sentences]
     model.eval()
-    for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
-        batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
-        with torch.inference_mode():
-            output = model.generate(
-                **batch,
-                num_beams=num_beams,
-                num_return_sequences=k,
-                output_scores=True,
-                return_dict_in_generate=True,
-                **generate_kwargs,
-            )
-            token_log_probs = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
-        generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
-        outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
-        texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
-        for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
-            nbest[indices[row // k]].append(
-                Hypothesis(
-                    text=text,
-                    token_ids=tuple(outputs[row][generated[row]].tolist()),
-                    log_probability=float(token_log_probs[row].sum()),
-                    score=float(output.sequences_scores[row]),
+    with packed_weights(model):
+        for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
+            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
+            with torch.inference_mode():
+                output = model.generate(
+                    **batch,
+                    num_beams=num_beams,
+                    num_return_sequences=k,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    **generate_kwargs,
                 )
-            )
+                token_log_probs = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
+            generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
+            outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
+            texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+            for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
+                nbest[indices[row // k]].append(
+                    Hypothesis(
+                        text=text,
+                        token_ids=tuple(outputs[row][generated[row]].tolist()),
+                        log_probability=float(token_log_probs[row].sum()),
+                        score=float(output.sequences_scores[row]),
+                    )
+                )
     return nbest
 
 

@@ -211,6 +211,40 @@ def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
     torch.testing.assert_close(after.sequences_scores, expected.sequences_scores)
 
 
+def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(
+    tiny_config_kwargs: dict, packed_kernel: str, monkeypatch
+) -> None:
+    """`packed_weights` packs once for many `generate` calls (each of which would pack for itself), keeps the packed
+    copies through them, drops them at its end, and the outputs are those of calls packing for themselves."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(**tiny_config_kwargs)
+    model = VaswaniForConditionalGeneration(config).eval()
+    kernel = PACKED_KERNELS[packed_kernel]
+    packed_shapes = []
+    counting = kernel._replace(pack=lambda weight: packed_shapes.append(tuple(weight.shape)) or kernel.pack(weight))
+    monkeypatch.setitem(PACKED_KERNELS, packed_kernel, counting)
+    linears = [m for m in model.modules() if isinstance(m, VaswaniLinear) and m.packed_weight is None]
+    decoding_linears = [
+        m for part in (model.get_decoder(), model.get_output_embeddings()) for m in part.modules() if m in linears
+    ]
+    sources = [torch.randint(4, config.vocab_size, (2, length)) for length in (5, 7, 4)]
+    options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    with torch.inference_mode():
+        separately = [model.generate(input_ids=source, **options) for source in sources]
+    assert len(packed_shapes) == len(sources) * len(decoding_linears)  # each call packs every decoding weight
+    packed_shapes.clear()
+    with model.packed_weights():
+        assert all(m.packed_weight is not None for m in decoding_linears)
+        with torch.inference_mode():
+            held = [model.generate(input_ids=source, **options) for source in sources]
+        assert all(m.packed_weight is not None for m in decoding_linears)  # generate's own block left them packed
+    assert len(packed_shapes) == len(decoding_linears)
+    assert all(m.packed_weight is None and m.packed_kernel is None for m in linears)
+    for got, expected in zip(held, separately, strict=True):
+        assert torch.equal(got.sequences, expected.sequences)
+        assert torch.equal(got.sequences_scores, expected.sequences_scores)  # the same packed copies, the same sums
+
+
 def test_dropout_drops_at_rate_p_and_keeps_the_expectation() -> None:
     torch.manual_seed(0)
     dropout = VaswaniDropout(0.1).train()
