@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -55,6 +56,40 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
         scores = scores.index_fill(0, rows_at_cap, -math.inf)  # only the rows at their cap change
         scores[rows_at_cap, self.eos_token_id] = 0.0
         return scores
+
+
+class EndTokenBelowLengthLogitsProcessor(LogitsProcessor):
+    """What transformers' MinLengthLogitsProcessor (`min_length`, prompt included) and
+    MinNewTokensLengthLogitsProcessor (`min_new_tokens`) do, touching only the end tokens' column: while a hypothesis is
+    shorter than `min_length` tokens after the first `prompt_length_to_skip`, its end tokens score -inf.
+
+    Theirs copy the scores and search the whole vocabulary for the end tokens at every step, and rewrite every score
+    below the length: with `min_new_tokens` (which sets `min_length` too) up to six vocabulary-sized passes a step,
+    whose removal makes beam-4 1.06x as fast in fp32 and 1.08x in int8 at base size (README, "Performance"). Like
+    them, this never changes the scores in place.
+    """
+
+    def __init__(self, min_length: int, eos_token_id: torch.Tensor, prompt_length_to_skip: int = 0):
+        self.min_length = min_length
+        self.eos_token_id = eos_token_id
+        self.prompt_length_to_skip = prompt_length_to_skip
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[-1] - self.prompt_length_to_skip >= self.min_length:
+            return scores
+        ids = self.eos_token_id.to(scores.device).reshape(-1)
+        ids = ids[(ids >= 0) & (ids < scores.shape[-1])]  # theirs match only ids inside the vocabulary
+        return scores.index_fill(1, ids, -math.inf)
+
+    @classmethod
+    def replacing(cls, processor: LogitsProcessor) -> LogitsProcessor:
+        """The equivalent of `processor` if it is one of transformers' two minimum-length processors, else itself."""
+        eos = getattr(processor, "eos_token_id", None)
+        if isinstance(processor, MinNewTokensLengthLogitsProcessor):
+            return cls(processor.min_new_tokens, torch.as_tensor(eos), processor.prompt_length_to_skip)
+        if isinstance(processor, MinLengthLogitsProcessor):
+            return cls(processor.min_length, torch.as_tensor(eos))
+        return processor
 
 
 class PaperDecodingMixin:
@@ -92,6 +127,10 @@ class PaperDecodingMixin:
         a loop of `generate` calls over batches holds them packed across the loop with this, saving the packing per
         call (~60 ms at base size). The weights must not change inside the block."""
         return packed_decoder_weights([self.get_decoder(), self.get_output_embeddings()])
+
+    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
+        processors = super()._get_logits_processor(*args, **kwargs)
+        return LogitsProcessorList([EndTokenBelowLengthLogitsProcessor.replacing(p) for p in processors])
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
         # transformers copies the encoder states and source mask num_beams times; the beams of a sentence share them

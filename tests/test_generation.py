@@ -9,11 +9,16 @@ import pytest
 import torch
 from helpers import DECODING_PATHS, PROBE_SENTENCES, run_without_hf_vaswani
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, pipeline
+from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
-from hf_vaswani.generation_vaswani import PaperDecodingMixin, paper_generation_config
+from hf_vaswani.generation_vaswani import (
+    EndTokenBelowLengthLogitsProcessor,
+    PaperDecodingMixin,
+    paper_generation_config,
+)
 
 EOS = 2
 
@@ -300,3 +305,50 @@ def test_beams_sharing_encoder_states_decode_as_transformers_copies(capitaliser,
         for layer_shared, layer_copied in zip(step_shared, step_copied, strict=True):
             assert layer_shared.shape == layer_copied.shape  # (sentences x beams, heads, 1, source length)
             torch.testing.assert_close(layer_shared, layer_copied)
+
+
+@pytest.mark.parametrize(
+    "eos_token_id", [torch.tensor([EOS]), torch.tensor([EOS, 4]), torch.tensor([4, 99]), torch.tensor([], dtype=int)]
+)
+def test_end_token_below_length_processor_scores_as_transformers_minimum_length_processors(eos_token_id) -> None:
+    """At every length, below, at and above the minimum, with end tokens inside, outside and absent from the vocabulary,
+    the same scores as transformers' own processors, and the input scores untouched."""
+    torch.manual_seed(0)
+    scores = torch.randn(5, 7)
+    original = scores.clone()
+    for length, minimum, prompt in itertools.product(range(1, 7), range(0, 6), range(0, 3)):
+        input_ids = torch.randint(0, 7, (5, length))
+        pairs = [
+            (
+                MinLengthLogitsProcessor(minimum, eos_token_id),
+                EndTokenBelowLengthLogitsProcessor(minimum, eos_token_id),
+            ),
+            (
+                MinNewTokensLengthLogitsProcessor(prompt, minimum, eos_token_id),
+                EndTokenBelowLengthLogitsProcessor(minimum, eos_token_id, prompt),
+            ),
+        ]
+        for stock, ours in pairs:
+            assert torch.equal(ours(input_ids, scores), stock(input_ids, scores))
+            assert torch.equal(
+                EndTokenBelowLengthLogitsProcessor.replacing(stock)(input_ids, scores), ours(input_ids, scores)
+            )
+    assert torch.equal(scores, original)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_minimum_lengths_decode_as_with_transformers_processors(num_beams: int, monkeypatch) -> None:
+    """`min_new_tokens` and `min_length` give the outputs and scores of transformers' own processors."""
+    model = random_model(3, vocab_size=9)
+    offset_eos_logit(model, 3.0)  # </s> likely at every step: the minimum decides the lengths
+    source = torch.tensor([[3, 4, 5, 6], [6, 5, 4, 3]])
+    options = dict(num_beams=num_beams, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    minimums = [dict(min_new_tokens=5), dict(min_length=4), dict(min_new_tokens=3, min_length=6)]
+    ours = [model.generate(input_ids=source, **options, **minimum) for minimum in minimums]
+    monkeypatch.setattr(PaperDecodingMixin, "_get_logits_processor", GenerationMixin._get_logits_processor)
+    stock = [model.generate(input_ids=source, **options, **minimum) for minimum in minimums]
+    for got, expected in zip(ours, stock, strict=True):
+        assert torch.equal(got.sequences, expected.sequences)
+        for step_got, step_expected in zip(got.scores, expected.scores, strict=True):
+            assert torch.equal(step_got, step_expected)
+    assert min(output.sequences.shape[1] for output in ours) > 4  # the minimums held back </s>
