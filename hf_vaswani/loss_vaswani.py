@@ -11,17 +11,22 @@ from .fast_paths_vaswani import product
 
 
 class ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    """Label-smoothed cross-entropy of `linear(hidden, weight, bias)`, summed over the target tokens.
+    """Label-smoothed cross-entropy of `linear(hidden, weight, bias)`, summed over the target tokens, times `scale`.
 
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
     memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
     -100 are left out before the projection. The logits and the input gradient run on the kernel measured fastest on
-    this CPU (`product`); without autocast the weight gradient accumulates in place (addmm_).
+    this CPU (`product`); without autocast the weight gradient accumulates in place (addmm_). `scale` (1 / the token
+    count for a mean) is applied to the gradients there too, on chunk-sized operands, so that backward hands them on
+    untouched when the loss is differentiated directly, as in training: scaling a weight gradient of vocabulary x
+    d_model afterwards makes one more tensor of that size, in fresh memory (~0.1 s a step at base size on a CPU).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int) -> torch.Tensor:
+    def forward(
+        ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int, scale: float | torch.Tensor = 1.0
+    ) -> torch.Tensor:
         hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
         counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
         hidden_rows, labels = hidden_rows[counted], labels[counted, None]
@@ -45,21 +50,28 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
             grad_logits = grad_logits.to(rows.dtype)
             grad_rows[start : start + chunk_size] = product(grad_logits, weight.T)
             if grad_weight is not None:
+                scaled_rows = rows * scale
                 if autocast:  # an in-place product would run in float32 under autocast
-                    grad_weight += product(grad_logits.T, rows.T)
+                    grad_weight += product(grad_logits.T, scaled_rows.T)
                 else:  # in place: no temporary the size of the weight
-                    grad_weight.addmm_(grad_logits.T, rows)
+                    grad_weight.addmm_(grad_logits.T, scaled_rows)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
+        grad_rows *= scale
+        if grad_bias is not None:
+            grad_bias *= scale
         grad_hidden = hidden.new_zeros(hidden.shape)
         grad_hidden.view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total
+        return total * scale
 
     @staticmethod
     def backward(ctx, grad_total: torch.Tensor):
-        scaled = [None if grad is None else grad * grad_total for grad in ctx.saved_tensors]
-        return *scaled, None, None, None
+        grads = ctx.saved_tensors
+        # the usual case, d total / d total: nothing to scale (a check that would wait for an accelerator: CPU only)
+        if not (grad_total.device.type == "cpu" and grad_total.item() == 1.0):
+            grads = [None if grad is None else grad * grad_total for grad in grads]
+        return *grads, None, None, None, None
 
 
 def label_smoothed_loss(
@@ -78,20 +90,21 @@ def label_smoothed_loss(
     count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states.
     """
     labels = labels.masked_fill(labels == pad_token_id, -100).to(hidden_states.device)
+    denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
     if logits is None:
         weight, bias = output_projection.weight, output_projection.bias
         # At most ~16 MiB of float32 logits a chunk, and at most 2 d_model positions: past that, the weight gradient's
         # accumulation (a pass over vocabulary x d_model per chunk) is already small against the chunk's products, and
         # larger logits only fall out of cache (README, "Performance").
         chunk_size = max(1, min(2 * weight.shape[1], 2**22 // weight.shape[0]))
-        total = ProjectedLabelSmoothedLoss.apply(hidden_states, weight, bias, labels, label_smoothing, chunk_size)
-    else:
-        total = nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.flatten(),
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=label_smoothing,
+        return ProjectedLabelSmoothedLoss.apply(
+            hidden_states, weight, bias, labels, label_smoothing, chunk_size, 1.0 / denominator
         )
-    denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    total = nn.functional.cross_entropy(
+        logits.flatten(0, 1).float(),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
     return total / denominator

@@ -531,15 +531,17 @@ def test_logits_to_keep_gives_the_last_positions_and_the_same_loss(tiny_config_k
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
-def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_size: int) -> None:
+@pytest.mark.parametrize(("scale", "upstream"), [(1.0, 0.37), (torch.tensor(1 / 19), 1.0), (torch.tensor(0.25), 3.0)])
+def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_size: int, scale, upstream) -> None:
+    """The loss times `scale`, and its gradients whether the loss is differentiated directly or further scaled."""
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 50, (3, 7))
     labels[0, 3] = labels[2, 6] = -100
-    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, chunk_size)
-    ours_grads = torch.autograd.grad(ours * 0.37, (hidden, weight, bias))
+    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, chunk_size, scale)
+    ours_grads = torch.autograd.grad(ours * upstream, (hidden, weight, bias))
     reference = nn.functional.cross_entropy(
         nn.functional.linear(hidden, weight, bias).flatten(0, 1),
         labels.flatten(),
@@ -547,7 +549,8 @@ def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_si
         reduction="sum",
         label_smoothing=0.1,
     )
-    reference_grads = torch.autograd.grad(reference * 0.37, (hidden, weight, bias))
+    reference = reference * scale
+    reference_grads = torch.autograd.grad(reference * upstream, (hidden, weight, bias))
     torch.testing.assert_close(ours, reference)
     for name, got, expected in zip(("hidden", "weight", "bias"), ours_grads, reference_grads, strict=True):
         torch.testing.assert_close(got, expected, msg=name)
@@ -562,9 +565,9 @@ def test_chunked_projected_loss_under_bf16_autocast_matches_torch_cross_entropy(
     labels = torch.randint(0, 50, (3, 7))
     labels[0, 3] = -100
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, None, labels, 0.1, chunk_size)
+        ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, None, labels, 0.1, chunk_size, 1 / 20)
         logits = nn.functional.linear(hidden, weight).float().flatten(0, 1)
-        reference = nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum", label_smoothing=0.1)
+        reference = nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum", label_smoothing=0.1) / 20
     ours_grads = torch.autograd.grad(ours, (hidden, weight))
     reference_grads = torch.autograd.grad(reference, (hidden, weight))
     assert ours.dtype == torch.float32 and all(grad.dtype == torch.float32 for grad in ours_grads)
