@@ -32,7 +32,9 @@
 # had 30.6, 36.6, 40.3 at steps 1200, 2000, 3600 (the AMD EPYC curve in the README) and 40.6 at 4000 on an Intel Xeon.
 # BPE-dropout 0.1 (--bpe-dropout 0.1: 15% more tokens a sentence, so 3,334 steps in the budget): 17.1, 27.9, 35.5 at
 # steps 1200, 2000, 3200. Label smoothing 0.2 (--model-override label_smoothing=0.2; 3,660 steps): 31.1, 36.3, 40.4 at
-# steps 1200, 2000, 3600.
+# steps 1200, 2000, 3600. Residual dropout rising linearly from 0.1 to 0.3 over the last 60% of the run (late or
+# curriculum dropout, against the plateau of the dropout-0.1 curve from step ~3600; an AMD EPYC, 3,635 steps): 30.7,
+# 35.0, 40.6, 40.4 at steps 1200, 2000, 3200, 3600, no better.
 # Usage: [SRC_LANG=en TGT_LANG=de] scripts/multi30k.sh DATA_DIR [OUTPUT_DIR] [extra `vaswani train` options...]
 #   DATA_DIR holds train, val and test_2016_flickr .$SRC_LANG.gz/.$TGT_LANG.gz (raw text, one sentence a line).
 #   Later options win.
