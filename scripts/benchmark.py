@@ -6,10 +6,10 @@ converts the same saved Marian folder. Repetitions alternate between systems and
 
 Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search
 output tokens/s at a forced output length (min = max length; hf_vaswani's decoding weights packed once for all its
-generate calls, as `translate` does, and that packing's time printed apart), and peak RSS growth over the first two training steps
-(resident set size sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's free memory
-trimmed first). Each system trains one copy of its model through all repetitions, as one training process would;
-hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk by chunk, no full-vocabulary logits).
+generate calls, as `translate` does, and that packing's time printed apart), and peak RSS growth over the first two
+training steps (resident set size sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's
+free memory trimmed first). Each system trains one copy of its model through all repetitions, as one training process
+would; hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk by chunk, no full-vocabulary logits).
 
     python scripts/benchmark.py --preset tiny --repeats 2
     python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
