@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
+from .allocator import reuse_freed_memory
 from .recipe import DEMO_SETTINGS, RecipeSettings, run_recipe, setting_flag
 
 
@@ -532,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     args.command_line = shlex.join(["vaswani", *(sys.argv[1:] if argv is None else argv)])  # recorded with results
     from safetensors import SafetensorError
 
+    reuse_freed_memory()  # steps that free and allocate the same tensors skip the page faults (allocator.py)
     try:
         args.handler(args)
     # Bad input, a missing or unwritable file, damaged weights: a clear message, not a traceback. Any other exception

@@ -15,6 +15,7 @@ would; hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk b
     python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
     python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
     python scripts/benchmark.py --preset base --int8                # torch dynamic quantization and CT2 int8 (decoding)
+    python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 from transformers.utils import logging as transformers_logging
 
+from hf_vaswani.allocator import reuse_freed_memory
 from hf_vaswani.convert import from_marian
 from hf_vaswani.fast_paths_vaswani import onednn_product
 from hf_vaswani.inference import packed_weights, quantize_int8
@@ -135,6 +137,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--int8", action="store_true", help="decode with torch dynamic int8 and CTranslate2 int8")
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 even when installed")
+    parser.add_argument(
+        "--reuse-freed-memory",
+        action="store_true",
+        help="glibc keeps freed memory for reuse (hf_vaswani.allocator, as `vaswani` commands run) in this process, "
+        "so for both PyTorch systems",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark_results"))
     return parser.parse_args()
@@ -404,6 +412,8 @@ def main() -> None:
             "--dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction: AMX advertised, not enabled); "
             "run with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX-512 BF16 instead"
         )
+    if args.reuse_freed_memory and not reuse_freed_memory():
+        raise SystemExit("--reuse-freed-memory: the C library is not glibc")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     machine = machine_description(args.threads)
@@ -517,6 +527,7 @@ def main() -> None:
         **preset,
         "dtype": args.dtype,
         "int8 decoding": args.int8,
+        "freed memory reused": args.reuse_freed_memory,
         "train batch": f"{args.batch_size}x{args.source_length}+{args.source_length}",
         "train steps": args.train_steps,
         "decode batch": args.decode_batch_size,
