@@ -18,9 +18,10 @@ KEPT_BYTES = 1 << 30  # blocks below 1 GiB come from the heap, and up to 1 GiB o
 def reuse_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory for the process's next allocations instead of returning it to the OS.
 
-    Process-wide and for the rest of the process: `vaswani` commands call it first, as their process is theirs; a
-    Python program may call it itself. The process's resident memory then stays near its peak instead of shrinking
-    between steps. Returns False, changing nothing, where the C library is not glibc (macOS, Windows, musl).
+    Process-wide and for the rest of the process: the `vaswani` console script calls it first, as its process is its
+    own (`cli.main(argv)` called from Python leaves the caller's allocator alone); a Python program may call it
+    itself. The process's resident memory then stays near its peak instead of shrinking between steps. Returns False,
+    changing nothing, where the C library is not glibc (macOS, Windows, musl).
     """
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

@@ -533,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
     args.command_line = shlex.join(["vaswani", *(sys.argv[1:] if argv is None else argv)])  # recorded with results
     from safetensors import SafetensorError
 
-    reuse_freed_memory()  # steps that free and allocate the same tensors skip the page faults (allocator.py)
+    if argv is None:  # the console script owns its process; a Python caller's allocator is the caller's to set
+        reuse_freed_memory()  # steps that free and allocate the same tensors skip the page faults (allocator.py)
     try:
         args.handler(args)
     # Bad input, a missing or unwritable file, damaged weights: a clear message, not a traceback. Any other exception

@@ -52,9 +52,14 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 @glibc
-def test_vaswani_commands_reuse_freed_memory(monkeypatch, tmp_path):
+def test_vaswani_console_script_reuses_freed_memory_python_callers_keep_theirs(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(cli, "reuse_freed_memory", lambda: calls.append(True))
+    command = ["average", str(tmp_path / "missing"), "--output", str(tmp_path / "out")]
     with pytest.raises(SystemExit):
-        cli.main(["average", str(tmp_path / "missing"), "--output", str(tmp_path / "out")])
+        cli.main(command)  # called from Python: the caller's process, the caller's allocator
+    assert calls == []
+    monkeypatch.setattr(sys, "argv", ["vaswani", *command])
+    with pytest.raises(SystemExit):
+        cli.main()  # the console script: `vaswani = "hf_vaswani.cli:main"` calls it without arguments
     assert calls == [True]
