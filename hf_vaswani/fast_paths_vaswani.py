@@ -183,7 +183,8 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     it beats torch by MIN_SPEEDUP, its time counting the copies that make transposed operands contiguous.
     """
     if (
-        a.dtype != torch.float32
+        torch.compiler.is_compiling()  # first: inductor cannot lower oneDNN's op, and compiled graphs keep to torch's
+        or a.dtype != torch.float32
         or a.device.type != "cpu"
         or torch.is_autocast_enabled("cpu")
         or not kernels_chosen_by_timing()

@@ -16,6 +16,7 @@ would; hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk b
     python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
     python scripts/benchmark.py --preset base --int8                # torch dynamic quantization and CT2 int8 (decoding)
     python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
+    python scripts/benchmark.py --preset base --torch-compile       # training under torch.compile, both models
 """
 
 from __future__ import annotations
@@ -143,6 +144,12 @@ def parse_args() -> argparse.Namespace:
         help="glibc keeps freed memory for reuse (hf_vaswani.allocator, as `vaswani` commands run) in this process, "
         "so for both PyTorch systems",
     )
+    parser.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="train both PyTorch models under torch.compile (inductor), as TrainingArguments(torch_compile=True) "
+        "does through accelerate; the compilation falls in the first steps, so the peak RSS includes it",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark_results"))
     return parser.parse_args()
@@ -225,11 +232,13 @@ class TrainingRun:
     """A training copy of a model and its fused AdamW (Seq2SeqTrainer's default optimizer for MarianMT, and what
     paper_training_arguments asks for), kept across repetitions as in one training process."""
 
-    def __init__(self, model: torch.nn.Module, batch: dict, dtype: str) -> None:
+    def __init__(self, model: torch.nn.Module, batch: dict, dtype: str, compiled: bool) -> None:
         self.model = copy.deepcopy(model).train()  # the decoding models stay untouched
         if hasattr(self.model.config, "loss_without_logits"):
             self.model.config.loss_without_logits = True  # as VaswaniTrainer trains
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        if compiled:  # accelerate's TorchDynamoPlugin compiles the model so, with the default backend and dynamic=None
+            self.model = torch.compile(self.model)
         self.batch, self.dtype = batch, dtype
         self.tokens_per_step = batch["input_ids"].numel() + batch["labels"].numel()
 
@@ -448,7 +457,9 @@ def main() -> None:
     print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
 
     train_models = {"hf_vaswani": vaswani, "MarianMT": marian}
-    runs = {name: TrainingRun(model, train_batch, args.dtype) for name, model in train_models.items()}
+    runs = {
+        name: TrainingRun(model, train_batch, args.dtype, args.torch_compile) for name, model in train_models.items()
+    }
     memory = {name: [run.first_steps()] for name, run in runs.items()}  # also the warm-up
     for name, mib in memory.items():
         print(f"train  {name:12s} peak RSS growth over the first 2 steps: +{mib[0]:.0f} MiB")
@@ -528,6 +539,7 @@ def main() -> None:
         "dtype": args.dtype,
         "int8 decoding": args.int8,
         "freed memory reused": args.reuse_freed_memory,
+        "training compiled": args.torch_compile,
         "train batch": f"{args.batch_size}x{args.source_length}+{args.source_length}",
         "train steps": args.train_steps,
         "decode batch": args.decode_batch_size,

@@ -1,6 +1,7 @@
 """The speed-ups compute what the plain modules compute: packed projections, dropout masks, int8 inference, bf16
 training with float32 attention."""
 
+import copy
 import json
 import math
 
@@ -186,6 +187,27 @@ def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_k
     torch.testing.assert_close(ours.double(), reference, rtol=1e-5, atol=0)  # float32 rounding, 20 log-softmaxes
     for got, expected in zip(ours_grads, reference_grads, strict=True):
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this torch build")
+def test_training_under_torch_compile_computes_the_eager_loss_and_gradients(monkeypatch, tiny_config_kwargs) -> None:
+    """TrainingArguments(torch_compile=True) compiles the whole model (accelerate's TorchDynamoPlugin), the logit-free
+    loss included: compiled, `product` keeps to torch's kernels even where oneDNN measured faster (inductor cannot lower
+    oneDNN's op), and the loss and gradients are those of the eager model in float64."""
+    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
+    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: "onednn")  # as measured on an AMD EPYC
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig(**tiny_config_kwargs)).train()
+    model.config.loss_without_logits = True  # as VaswaniTrainer trains
+    reference = copy.deepcopy(model).double()
+    source, labels = torch.randint(4, 61, (3, 7)), torch.randint(4, 61, (3, 5))
+    loss = torch.compile(model)(input_ids=source, labels=labels).loss
+    loss.backward()
+    expected = reference(input_ids=source, labels=labels).loss
+    expected.backward()
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=0)
+    for (name, parameter), expected_parameter in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad.double(), expected_parameter.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
