@@ -17,6 +17,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# inductor's on-disk cache does not tell kernel selections apart. A compiled training step cached under the native
+# selection failed under ATEN_CPU_CAPABILITY=avx2 (.ci/run's second pass) with "tuple args required"; cached under
+# avx2, it corrupted the heap under the native one ("malloc(): unaligned tcache chunk detected"). One cache for each.
+KERNEL_SELECTION = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    selection = "-".join(os.environ.get(name, "native") for name in KERNEL_SELECTION)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{selection}"
 
 torch.set_num_threads(1)
 
