@@ -37,7 +37,9 @@
 # 35.0, 40.6, 40.4 at steps 1200, 2000, 3200, 3600, no better. Lowercased training text (all six files lowercased, as
 # the literature's lc.norm.tok data; an AMD EPYC, 3,716 steps): 30.0, 35.4, 38.4, 40.4 at steps 1200, 2000, 2800, 3600
 # (lowercased tokenized BLEU), no better. FFN 512 (the paper's 4 x d_model) rather than 256 (an AMD EPYC, 1.08x the time
-# a step): 6.4, 15.7, 27.7 at steps 400, 800, 1200 against 7.3, 22.0, 30.7, so stopped there.
+# a step): 6.4, 15.7, 27.7 at steps 400, 800, 1200 against 7.3, 22.0, 30.7, so stopped there. Eq. 3's peak held from
+# the end of warmup to the cooldown (warmup-stable-decay; an AMD EPYC, 3,583 steps): 30.5, 33.3, 37.7, 39.4 at steps
+# 1200, 2000, 2800, 3200 against the committed recipe's 30.7, 36.6, 38.6, 39.7 in the same session's run, no better.
 # Usage: [SRC_LANG=en TGT_LANG=de] scripts/multi30k.sh DATA_DIR [OUTPUT_DIR] [extra `vaswani train` options...]
 #   DATA_DIR holds train, val and test_2016_flickr .$SRC_LANG.gz/.$TGT_LANG.gz (raw text, one sentence a line).
 #   Later options win.
