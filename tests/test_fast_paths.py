@@ -190,12 +190,11 @@ def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_k
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this torch build")
-def test_training_under_torch_compile_computes_the_eager_loss_and_gradients(monkeypatch, tiny_config_kwargs) -> None:
+@pytest.mark.parametrize("product_kernel", ["onednn"], indirect=True)  # as measured on an AMD EPYC
+def test_training_under_torch_compile_computes_the_eager_loss_and_gradients(product_kernel, tiny_config_kwargs) -> None:
     """TrainingArguments(torch_compile=True) compiles the whole model (accelerate's TorchDynamoPlugin), the logit-free
     loss included: compiled, `product` keeps to torch's kernels even where oneDNN measured faster (inductor cannot lower
     oneDNN's op), and the loss and gradients are those of the eager model in float64."""
-    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
-    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: "onednn")  # as measured on an AMD EPYC
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig(**tiny_config_kwargs)).train()
     model.config.loss_without_logits = True  # as VaswaniTrainer trains
