@@ -8,14 +8,25 @@ import sys
 import pytest
 import torch
 from helpers import DECODING_PATHS, PROBE_SENTENCES, run_without_hf_vaswani
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, pipeline
-from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GenerationMixin,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    pipeline,
+)
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+)
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 from hf_vaswani.generation_vaswani import (
-    EndTokenBelowLengthLogitsProcessor,
+    BannedColumnsLogitsProcessor,
     PaperDecodingMixin,
     paper_generation_config,
 )
@@ -310,40 +321,57 @@ def test_beams_sharing_encoder_states_decode_as_transformers_copies(capitaliser,
 @pytest.mark.parametrize(
     "eos_token_id", [torch.tensor([EOS]), torch.tensor([EOS, 4]), torch.tensor([4, 99]), torch.tensor([], dtype=int)]
 )
-def test_end_token_below_length_processor_scores_as_transformers_minimum_length_processors(eos_token_id) -> None:
+def test_banned_columns_processor_scores_as_transformers_ban_and_minimum_length_processors(eos_token_id) -> None:
     """At every length, below, at and above the minimum, with end tokens inside, outside and absent from the vocabulary,
-    the same scores as transformers' own processors, and the input scores untouched."""
+    alone and with a ban of single tokens (one of them an end token, which theirs never bans): one processor in place
+    of transformers' adjacent ones, the same scores as theirs applied in turn, and the input scores untouched."""
     torch.manual_seed(0)
-    scores = torch.randn(5, 7)
+    vocab_size = 7
+    scores = torch.randn(5, vocab_size)
     original = scores.clone()
     for length, minimum, prompt in itertools.product(range(1, 7), range(0, 6), range(0, 3)):
-        input_ids = torch.randint(0, 7, (5, length))
-        pairs = [
-            (
-                MinLengthLogitsProcessor(minimum, eos_token_id),
-                EndTokenBelowLengthLogitsProcessor(minimum, eos_token_id),
-            ),
-            (
-                MinNewTokensLengthLogitsProcessor(prompt, minimum, eos_token_id),
-                EndTokenBelowLengthLogitsProcessor(minimum, eos_token_id, prompt),
-            ),
-        ]
-        for stock, ours in pairs:
-            assert torch.equal(ours(input_ids, scores), stock(input_ids, scores))
-            assert torch.equal(
-                EndTokenBelowLengthLogitsProcessor.replacing(stock)(input_ids, scores), ours(input_ids, scores)
-            )
+        input_ids = torch.randint(0, vocab_size, (5, length))
+        minimum_length = MinLengthLogitsProcessor(minimum, eos_token_id)
+        minimum_new_tokens = MinNewTokensLengthLogitsProcessor(prompt, minimum, eos_token_id)
+        ban = NoBadWordsLogitsProcessor([[1], [5], [EOS]], eos_token_id)
+        for stock in ([minimum_length], [minimum_new_tokens], [ban], [ban, minimum_length, minimum_new_tokens]):
+            ours = BannedColumnsLogitsProcessor.merging(LogitsProcessorList(stock), vocab_size)
+            assert len(ours) == 1 and isinstance(ours[0], BannedColumnsLogitsProcessor)
+            assert torch.equal(ours(input_ids, scores), LogitsProcessorList(stock)(input_ids, scores))
     assert torch.equal(scores, original)
 
 
+def test_banned_columns_processor_leaves_what_it_cannot_do_to_transformers() -> None:
+    """Multi-token bad words (which depend on the tokens before) and processors between stay theirs; a banned token
+    outside the vocabulary is the same error as theirs."""
+    multi_token = NoBadWordsLogitsProcessor([[1, 2], [3]], torch.tensor([EOS]))
+    temperature = TemperatureLogitsWarper(0.5)
+    minimum = MinLengthLogitsProcessor(3, torch.tensor([EOS]))
+    merged = BannedColumnsLogitsProcessor.merging(LogitsProcessorList([multi_token, minimum, temperature, minimum]), 7)
+    assert merged[0] is multi_token and merged[2] is temperature
+    assert all(isinstance(merged[index], BannedColumnsLogitsProcessor) for index in (1, 3)) and len(merged) == 4
+    out_of_vocabulary = NoBadWordsLogitsProcessor([[3], [9]], torch.tensor([EOS]))
+    with pytest.raises(ValueError, match="vocabulary size is 7") as theirs:
+        out_of_vocabulary(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 7))
+    with pytest.raises(ValueError, match="vocabulary size is 7") as ours:
+        BannedColumnsLogitsProcessor.merging(LogitsProcessorList([out_of_vocabulary]), 7)
+    assert str(ours.value) == str(theirs.value)
+
+
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_minimum_lengths_decode_as_with_transformers_processors(num_beams: int, monkeypatch) -> None:
-    """`min_new_tokens` and `min_length` give the outputs and scores of transformers' own processors."""
+def test_banned_tokens_and_minimum_lengths_decode_as_with_transformers_processors(num_beams: int, monkeypatch) -> None:
+    """`bad_words_ids`, `min_new_tokens`, `min_length` give the outputs and scores of transformers' own processors."""
     model = random_model(3, vocab_size=9)
     offset_eos_logit(model, 3.0)  # </s> likely at every step: the minimum decides the lengths
     source = torch.tensor([[3, 4, 5, 6], [6, 5, 4, 3]])
     options = dict(num_beams=num_beams, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
-    minimums = [dict(min_new_tokens=5), dict(min_length=4), dict(min_new_tokens=3, min_length=6)]
+    minimums = [
+        dict(min_new_tokens=5),
+        dict(min_length=4),
+        dict(min_new_tokens=3, min_length=6),
+        dict(bad_words_ids=[[4], [7]]),
+        dict(bad_words_ids=[[4], [7]], min_new_tokens=3),
+    ]
     ours = [model.generate(input_ids=source, **options, **minimum) for minimum in minimums]
     monkeypatch.setattr(PaperDecodingMixin, "_get_logits_processor", GenerationMixin._get_logits_processor)
     stock = [model.generate(input_ids=source, **options, **minimum) for minimum in minimums]
@@ -351,4 +379,7 @@ def test_minimum_lengths_decode_as_with_transformers_processors(num_beams: int, 
         assert torch.equal(got.sequences, expected.sequences)
         for step_got, step_expected in zip(got.scores, expected.scores, strict=True):
             assert torch.equal(step_got, step_expected)
-    assert min(output.sequences.shape[1] for output in ours) > 4  # the minimums held back </s>
+    assert min(output.sequences.shape[1] for output in ours[:3]) > 4  # the minimums held back </s>
+    unbanned = model.generate(input_ids=source, **options, min_new_tokens=3).sequences
+    assert torch.isin(unbanned, torch.tensor([4, 7])).any()  # so the ban has tokens to keep out
+    assert not torch.isin(ours[-1].sequences, torch.tensor([4, 7])).any()
