@@ -113,15 +113,17 @@ class BannedColumnsLogitsProcessor(LogitsProcessor):
     def merging(cls, processors: LogitsProcessorList, vocab_size: int) -> LogitsProcessorList:
         """`processors` with each run of adjacent processors whose work this class can do replaced by one of it (they
         only set columns to -inf, so their order within a run does not matter)."""
-        merged = LogitsProcessorList()
+        merged, current = LogitsProcessorList(), None
         for processor in processors:
             rules = cls.rules_of(processor, vocab_size)
             if rules is None:
                 merged.append(processor)
-            elif merged and isinstance(merged[-1], cls):
-                merged[-1].rules.extend(rules)
+                current = None
+            elif current is not None:
+                current.rules.extend(rules)
             else:
-                merged.append(cls(rules))
+                current = cls(rules)  # a new one: a caller's own instance is never changed
+                merged.append(current)
         return merged
 
 
