@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 
@@ -342,14 +343,17 @@ def test_banned_columns_processor_scores_as_transformers_ban_and_minimum_length_
 
 
 def test_banned_columns_processor_leaves_what_it_cannot_do_to_transformers() -> None:
-    """Multi-token bad words (which depend on the tokens before) and processors between stay theirs; a banned token
-    outside the vocabulary is the same error as theirs."""
+    """Multi-token bad words (which depend on the tokens before), processors between and a caller's own instance stay
+    as they are; a banned token outside the vocabulary is the same error as theirs."""
     multi_token = NoBadWordsLogitsProcessor([[1, 2], [3]], torch.tensor([EOS]))
     temperature = TemperatureLogitsWarper(0.5)
     minimum = MinLengthLogitsProcessor(3, torch.tensor([EOS]))
     merged = BannedColumnsLogitsProcessor.merging(LogitsProcessorList([multi_token, minimum, temperature, minimum]), 7)
     assert merged[0] is multi_token and merged[2] is temperature
     assert all(isinstance(merged[index], BannedColumnsLogitsProcessor) for index in (1, 3)) and len(merged) == 4
+    callers = BannedColumnsLogitsProcessor([(torch.tensor([4]), math.inf, 0)])
+    merged = BannedColumnsLogitsProcessor.merging(LogitsProcessorList([callers, minimum]), 7)
+    assert merged[0] is callers and len(callers.rules) == 1 and merged[1] is not callers  # the caller's is left alone
     out_of_vocabulary = NoBadWordsLogitsProcessor([[3], [9]], torch.tensor([EOS]))
     with pytest.raises(ValueError, match="vocabulary size is 7") as theirs:
         out_of_vocabulary(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 7))
