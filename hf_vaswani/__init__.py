@@ -14,7 +14,7 @@ def save_model_folder(model: VaswaniForConditionalGeneration, tokenizer, folder)
 
     The model writes its weights, config, generation config and its code (modeling and the modules it imports, the
     translation pipeline among them); the tokenizer its files. The model card (README.md), which a Hub upload also
-    needs, is written separately (`hf_vaswani.recipe.write_model_card`).
+    needs, is written separately (`hf_vaswani.model_card.write_model_card`).
     """
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -29,6 +29,19 @@ def _as_lengths(lengths: Sequence[int], name: str) -> np.ndarray:
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
     return array.astype(np.int64, copy=False)
+
+
+def _checked_lengths(source_lengths: Sequence[int], target_lengths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    source = _as_lengths(source_lengths, "source_lengths")
+    target = _as_lengths(target_lengths, "target_lengths")
+    if len(source) != len(target):
+        raise ValueError(
+            f"source_lengths and target_lengths must have the same length, got {len(source)} and {len(target)}"
+        )
+    # A zero length would let unboundedly many examples share a batch of zero padded size.
+    if (source < 1).any() or (target < 1).any():
+        raise ValueError("every source and target length must be at least 1 (count the end-of-sequence token)")
+    return source, target
 
 
 class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
@@ -52,6 +65,10 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
     ``accelerate``'s ``prepare``) shard these batches again: build one sampler per rank with its ``rank`` instead, or
     one sampler with ``num_replicas=1`` and leave the sharding to that layer.
 
+    Examples whose lengths change between epochs (segmented afresh every epoch, as with BPE-dropout) give
+    ``epoch_lengths``, each epoch then packed on its own lengths, and ``batches_per_epoch``, so that every epoch has
+    the number of batches that a training loop counted once.
+
     Args:
         source_lengths: number of tokens of each example's source, special tokens included.
         target_lengths: same for the targets (the labels), aligned with ``source_lengths``.
@@ -60,6 +77,11 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
         seed: base seed; epoch ``e`` uses ``seed + e``.
         num_replicas: number of data-parallel processes.
         rank: index of this process in ``[0, num_replicas)``.
+        epoch_lengths: called with an epoch, the source and target lengths of that epoch's examples; the arguments
+            ``source_lengths`` and ``target_lengths`` are then those of the first epoch. None: the lengths never change.
+        batches_per_epoch: batches of every epoch, all replicas together, reached by splitting the largest batches; an
+            epoch that packs into more is refused (RuntimeError). None: the packed count, rounded up to a multiple of
+            ``num_replicas``.
     """
 
     def __init__(
@@ -71,13 +93,10 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int]]] | None = None,
+        batches_per_epoch: int | None = None,
     ) -> None:
-        source = _as_lengths(source_lengths, "source_lengths")
-        target = _as_lengths(target_lengths, "target_lengths")
-        if len(source) != len(target):
-            raise ValueError(
-                f"source_lengths and target_lengths must have the same length, got {len(source)} and {len(target)}"
-            )
+        source, target = _checked_lengths(source_lengths, target_lengths)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
@@ -91,9 +110,16 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"{len(source)} examples cannot be spread over {num_replicas} replicas: every rank needs at least one "
                 "batch per epoch and an example cannot be split"
             )
-        # A zero length would let unboundedly many examples share a batch of zero padded size.
-        if (source < 1).any() or (target < 1).any():
-            raise ValueError("every source and target length must be at least 1 (count the end-of-sequence token)")
+        if batches_per_epoch is not None and (
+            isinstance(batches_per_epoch, bool)
+            or not isinstance(batches_per_epoch, int)
+            or batches_per_epoch < 1
+            or batches_per_epoch % num_replicas
+        ):
+            raise ValueError(
+                f"batches_per_epoch must be a positive multiple of num_replicas ({num_replicas}), got "
+                f"{batches_per_epoch!r}"
+            )
 
         self.source_lengths = source
         self.target_lengths = target
@@ -102,6 +128,8 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
+        self.epoch_lengths = epoch_lengths
+        self.batches_per_epoch = batches_per_epoch
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -134,22 +162,31 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def _build(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng(self.seed + epoch)
-        longest = np.maximum(self.source_lengths, self.target_lengths)
+        source, target = self._lengths_of(epoch)
+        longest = np.maximum(source, target)
         if self.shuffle:
             order = np.lexsort((rng.random(len(longest)), longest))
         else:
             order = np.argsort(longest, kind="stable")
-        batches = self._pack(order)
-        batches = self._split_to(batches, self._batch_count(len(batches)))
+        batches = self._pack(order, source, target)
+        batches = self._split_to(batches, self._batch_count(epoch, len(batches)))
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
-    def _pack(self, order: np.ndarray) -> list[list[int]]:
+    def _lengths_of(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.epoch_lengths is None:
+            return self.source_lengths, self.target_lengths
+        source, target = _checked_lengths(*self.epoch_lengths(epoch))
+        if len(source) != len(self.source_lengths):
+            raise ValueError(f"epoch {epoch} has {len(source)} examples, the first epoch {len(self.source_lengths)}")
+        return source, target
+
+    def _pack(self, order: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray) -> list[list[int]]:
         # Greedy in sorted order: with lengths nearly monotone, closing a batch as soon as the next example would break
         # either budget wastes little. Python lists beat per-element numpy indexing in this loop.
-        source = self.source_lengths[order].tolist()
-        target = self.target_lengths[order].tolist()
+        source = source_lengths[order].tolist()
+        target = target_lengths[order].tolist()
         indices = order.tolist()
         budget = self.max_tokens
         batches: list[list[int]] = []
@@ -169,9 +206,17 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             batches.append(batch)
         return batches
 
-    def _batch_count(self, packed: int) -> int:
-        """How many batches an epoch packed into `packed` is split into: the next multiple of the replica count."""
-        return math.ceil(packed / self.num_replicas) * self.num_replicas
+    def _batch_count(self, epoch: int, packed: int) -> int:
+        """How many batches `epoch`, packed into `packed`, is split into: `batches_per_epoch`, else the next multiple
+        of the replica count."""
+        if self.batches_per_epoch is None:
+            return math.ceil(packed / self.num_replicas) * self.num_replicas
+        if packed > self.batches_per_epoch:
+            raise RuntimeError(
+                f"epoch {epoch} packs into {packed} batches, more than batches_per_epoch={self.batches_per_epoch}; "
+                "raise max_tokens"
+            )
+        return self.batches_per_epoch
 
     def _split_to(self, batches: list[list[int]], target_count: int) -> list[list[int]]:
         needed = target_count - len(batches)

@@ -1,21 +1,17 @@
 """The `vaswani` command: thin argument parsing over the library."""
 
 import argparse
-import contextlib
 import json
-import os
 import shlex
-import shutil
 import sys
-import tempfile
 import types
 import typing
-from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
 from .allocator import reuse_freed_memory
-from .recipe import DEMO_SETTINGS, RecipeSettings, run_recipe, setting_flag
+from .files import check_input_file, check_output_file, new_folder
+from .settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -109,7 +105,8 @@ def load_data(args: argparse.Namespace):
 
 def command_demo(args: argparse.Namespace) -> None:
     from .demo_corpus import make_synthetic_corpus
-    from .recipe import check_output_dir
+    from .recipe import run_recipe
+    from .run_folder import check_output_dir
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
     check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
@@ -126,7 +123,8 @@ def command_demo(args: argparse.Namespace) -> None:
 
 
 def command_train(args: argparse.Namespace) -> None:
-    from .recipe import check_output_dir
+    from .recipe import run_recipe
+    from .run_folder import check_output_dir
 
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
     check_output_dir(args.output_dir, settings, args.resume, args.overwrite)  # so does a run already in the folder
@@ -147,45 +145,6 @@ def command_train(args: argparse.Namespace) -> None:
         print_summary(results, Path(args.output_dir))
 
 
-def check_input_file(path: Path, option: str) -> None:
-    """Refuse a missing input file before any work (a directory is not a file either)."""
-    if not path.is_file():
-        raise ValueError(f"{option} {path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
-
-
-def check_output_file(path: Path, option: str) -> None:
-    """Refuse an output file that could not be written, before any work: writing comes last."""
-    if path.is_dir():
-        raise ValueError(f"{option} {path} is a directory, not a file")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"{option} {path}: {path.parent} is a file, not a directory")
-    if not path.parent.is_dir():
-        raise ValueError(f"{option} {path}: no directory {path.parent}")
-    if not os.access(path.parent, os.W_OK):
-        raise ValueError(f"{option} {path}: the directory {path.parent} is not writable")
-
-
-@contextlib.contextmanager
-def new_folder(path: Path, option: str) -> Iterator[Path]:
-    """A temporary folder beside `path`, renamed to `path` when the block completes and removed when it fails.
-
-    So a failure never leaves a half-written model folder, and an existing folder is refused rather than mixed into.
-    """
-    from .inference import current_umask
-
-    if path.exists():
-        raise ValueError(f"{option} {path} already exists; choose a new folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial"))
-    try:
-        yield temporary
-        temporary.chmod(0o777 & ~current_umask())  # mkdtemp's private 0700, made what mkdir would have given
-        temporary.rename(path)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-
-
 def command_average(args: argparse.Namespace) -> None:
     from .averaging import average_checkpoints, last_checkpoints
 
@@ -199,7 +158,7 @@ def command_average(args: argparse.Namespace) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
-    from .inference import check_generation_options
+    from .translation import check_generation_options
 
     options = {
         name: value
@@ -216,20 +175,11 @@ def check_batch_size(batch_size: int) -> None:
 
 
 def command_translate(args: argparse.Namespace) -> None:
-    from .inference import (
-        align_nbest,
-        align_pairs,
-        alignment_text,
-        check_alignment_layer,
-        check_nbest,
-        load_model_folder,
-        nbest_lines,
-        read_sentences,
-        translate,
-        translate_nbest,
-        write_lines,
-        write_lines_atomically,
-    )
+    from .alignment import align_nbest, align_pairs, check_alignment_layer
+    from .files import write_lines
+    from .loading import load_model_folder
+    from .text_io import alignment_text, print_lines, read_sentences
+    from .translation import check_nbest, nbest_lines, translate, translate_nbest
 
     # Everything that can be checked is checked before the model is loaded and the input translated.
     if args.input:
@@ -262,20 +212,16 @@ def command_translate(args: argparse.Namespace) -> None:
             alignments = align_pairs(model, tokenizer, sentences, lines, args.alignment_layer, args.batch_size)
             lines = [f"{line} ||| {alignment_text(pairs)}" for line, pairs in zip(lines, alignments, strict=True)]
     if args.output:
-        write_lines_atomically(lines, args.output)
+        write_lines(lines, args.output)
     else:
-        write_lines(lines, sys.stdout)
+        print_lines(lines, sys.stdout)
 
 
 def command_score(args: argparse.Namespace) -> None:
-    from .inference import (
-        load_model_folder,
-        read_sentences,
-        score_lines,
-        score_pairs,
-        write_lines,
-        write_lines_atomically,
-    )
+    from .files import write_lines
+    from .loading import load_model_folder
+    from .scoring import score_lines, score_pairs
+    from .text_io import print_lines, read_sentences
 
     check_input_file(args.source, "--source")
     check_input_file(args.target, "--target")
@@ -291,14 +237,15 @@ def command_score(args: argparse.Namespace) -> None:
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
     scores = score_pairs(model, tokenizer, sources, targets, args.batch_size, args.normalize)
     if args.output:
-        write_lines_atomically(score_lines(scores), args.output)
+        write_lines(score_lines(scores), args.output)
     else:
-        write_lines(score_lines(scores), sys.stdout)
+        print_lines(score_lines(scores), sys.stdout)
 
 
 def command_evaluate(args: argparse.Namespace) -> None:
     from .data import load_parallel_files
-    from .inference import load_model_folder, translate_and_score
+    from .loading import load_model_folder
+    from .scoring import translate_and_score
 
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
@@ -313,7 +260,7 @@ def command_evaluate(args: argparse.Namespace) -> None:
 
 
 def command_plot_attention(args: argparse.Namespace) -> None:
-    from .inference import load_model_folder
+    from .loading import load_model_folder
     from .plots import plot_attention
 
     model, tokenizer = load_model_folder(args.model, trust_remote_code=args.trust_remote_code)
@@ -333,7 +280,7 @@ def command_convert(args: argparse.Namespace) -> None:
 
 def command_export(args: argparse.Namespace) -> None:
     from .export import decoding_note, write_ctranslate2
-    from .inference import load_model_folder
+    from .loading import load_model_folder
 
     with new_folder(args.output, "output folder") as temporary:  # refuses an existing folder before loading
         model, tokenizer = load_model_folder(args.model)
@@ -343,13 +290,13 @@ def command_export(args: argparse.Namespace) -> None:
 
 
 def command_push(args: argparse.Namespace) -> None:
-    import httpx2  # huggingface_hub's HTTP client: its connection errors are not OSErrors
+    from huggingface_hub.errors import HTTPError  # the base of its HTTP client's errors, connection errors included
 
     from .hub import push_folder
 
     try:
         print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
-    except (OSError, httpx2.HTTPError) as error:  # HfHubHTTPError is both; OfflineModeIsEnabled an OSError
+    except (OSError, HTTPError) as error:  # HfHubHTTPError is both; OfflineModeIsEnabled an OSError
         cause = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"could not push {args.folder} to the Hub repo {args.repo_id}: {cause}") from None
 
@@ -401,7 +348,7 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .inference import NORMALIZATIONS
+    from .scoring import NORMALIZATIONS
 
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

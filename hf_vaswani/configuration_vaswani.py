@@ -27,6 +27,9 @@ TRANSFORMERS_KEYS = frozenset(
         "quantization_config",
     }
 )
+# Keys that config.json files of this model may hold and that nothing reads any more: dropped when loading.
+# loss_without_logits: the chunked training loss is chosen per forward call (`return_logits=False`).
+RETIRED_KEYS = frozenset({"loss_without_logits"})
 
 
 @strict
@@ -58,9 +61,6 @@ class VaswaniConfig(PreTrainedConfig):
         tie_word_embeddings: the pre-softmax projection shares the target embedding matrix (§3.4).
         scale_embedding: multiply embeddings by sqrt(d_model) (§3.4).
         output_bias: a bias on the pre-softmax projection; not in the paper, present in converted Marian checkpoints.
-        loss_without_logits: with labels and gradients on, compute the loss chunk by chunk without ever holding the
-            full-vocabulary logits, and return `logits=None` (loss_vaswani.py). Off by default, so that `forward`
-            returns logits like any transformers model; the training recipe's trainer turns it on while it trains.
     """
 
     model_type = "vaswani"
@@ -91,7 +91,6 @@ class VaswaniConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     scale_embedding: bool = True
     output_bias: bool = False
-    loss_without_logits: bool = False
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
@@ -100,6 +99,8 @@ class VaswaniConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
+        for key in RETIRED_KEYS:
+            kwargs.pop(key, None)
         self._check_keys(kwargs)
         self._check_values()
         # The paper leaves d_k and d_v free (Table 3 row B); by default they split d_model evenly over the heads.
@@ -114,7 +115,8 @@ class VaswaniConfig(PreTrainedConfig):
     def _check_keys(self, kwargs: dict) -> None:
         """Refuses keys that neither this config nor transformers knows: a misspelt field would otherwise be kept as
         an attribute nobody reads while the field keeps its default."""
-        generation_keys = GenerationConfig._get_default_generation_params()  # PreTrainedConfig drops these itself
+        # PreTrainedConfig drops these itself; private, and no public name gives this set (tests/test_private_api.py)
+        generation_keys = GenerationConfig._get_default_generation_params()
         for key in kwargs:
             known_attribute = hasattr(type(self), key) and not callable(getattr(type(self), key))  # a property
             if known_attribute or key in self.attribute_map or key in TRANSFORMERS_KEYS or key in generation_keys:

@@ -203,7 +203,7 @@ def export_ctranslate2(
     model_folder: str | os.PathLike, output_dir: str | os.PathLike, quantization: str = "float32"
 ) -> Path:
     """Convert a saved vaswani model folder into a CTranslate2 model folder (model, vocabulary, our tokenizer)."""
-    from .inference import load_model_folder
+    from .loading import load_model_folder
 
     model, tokenizer = load_model_folder(model_folder)
     return write_ctranslate2(model, tokenizer, output_dir, quantization)

@@ -10,17 +10,19 @@ Generation-config keys read here (saved in generation_config.json):
 - `max_new_tokens_over_source`: each sentence stops after (its source length + this many) new tokens, </s> included;
   None turns the cap off. An explicit `max_new_tokens` / `max_length` still applies on top.
 
-The one `generate` override of the model is here; it also multiplies by packed weights while decoding (see
-fast_paths_vaswani.py). This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
-fast_paths_vaswani.
+The one `generate` override of the model is here, and the overrides of transformers' private hooks that it relies on
+(tests/test_private_api.py checks each against the installed transformers). Each call's choices travel with the call:
+the penalty's form in the type of the `length_penalty` that transformers hands to its beam-search hooks, sharing the
+encoder states in the inputs it hands to `_expand_inputs_for_generation`. This file travels to the Hub with
+`trust_remote_code`: it imports only torch and transformers.
 """
 
+import copy
 import math
-from contextlib import AbstractContextManager
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import EncoderDecoderCache, StaticLayer
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -29,7 +31,13 @@ from transformers.generation.logits_process import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .fast_paths_vaswani import packed_decoder_weights
+
+class GnmtLengthPenalty(float):
+    """A `length_penalty` that is GNMT's alpha: hypotheses are divided by ((5 + |Y|) / 6)^alpha, not |Y|^alpha.
+
+    `generate` hands the length penalty of its call to the beam-search hooks below in this form when the call's
+    `length_penalty_type` is "gnmt"; a plain float keeps transformers' power form.
+    """
 
 
 def equivalent_power(length: int, alpha: float) -> float:
@@ -38,6 +46,12 @@ def equivalent_power(length: int, alpha: float) -> float:
     What transformers' `score / length^p` needs so that it divides by GNMT's penalty instead.
     """
     return alpha if length <= 1 else alpha * math.log((5.0 + length) / 6.0) / math.log(length)
+
+
+def penalty_exponent(length: int, length_penalty: float) -> float:
+    """The exponent of `length` that transformers' beam search divides by: GNMT's equivalent for a GnmtLengthPenalty,
+    the penalty itself otherwise."""
+    return equivalent_power(length, length_penalty) if isinstance(length_penalty, GnmtLengthPenalty) else length_penalty
 
 
 class SourceLengthCapLogitsProcessor(LogitsProcessor):
@@ -141,27 +155,21 @@ class PaperDecodingMixin:
                 kwargs["max_new_tokens"] = int(source_lengths.max()) + extra
             cap = SourceLengthCapLogitsProcessor(source_lengths, extra, self._eos_id(config))
             kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), cap])
-        self._length_penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
-        if self._length_penalty_type not in ("gnmt", "power"):
-            raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {self._length_penalty_type!r}")
-        # A static cache is allocated with one cross-attention row per beam, so the beams cannot share one there.
-        cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
-        given_cache = kwargs.get("cache")
-        self._share_encoder_states = cache_implementation in (None, "dynamic") and (
-            given_cache is None or isinstance(getattr(given_cache, "cross_attention_cache", None), DynamicCache)
-        )
-        with self.packed_weights():  # once for this call, unless the caller holds them packed for many
-            output = super().generate(inputs, generation_config, **kwargs)
+        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
+        if penalty_type not in ("gnmt", "power"):
+            raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {penalty_type!r}")
+        if penalty_type == "gnmt" and (self._call_setting("num_beams", generation_config, kwargs) or 1) > 1:
+            alpha = self._call_setting("length_penalty", generation_config, kwargs)
+            alpha = GnmtLengthPenalty(1.0 if alpha is None else alpha)  # None: transformers' default, 1.0
+            if generation_config is None or "length_penalty" in kwargs:
+                kwargs["length_penalty"] = alpha
+            else:  # into a copy of the given config: an argument beside it would make transformers warn
+                generation_config = copy.copy(generation_config)
+                generation_config.length_penalty = alpha
+        output = super().generate(inputs, generation_config, **kwargs)
         if isinstance(getattr(output, "cache", None), EncoderDecoderCache):
             copy_shared_cross_attention_cache(output.cache)
         return output
-
-    def packed_weights(self) -> AbstractContextManager[None]:
-        """The decoder's and output projection's weights, multiplied at every decoding step, packed for the CPU kernel
-        measured fastest here while the block runs (`packed_decoder_weights`). `generate` packs them for its own call;
-        a loop of `generate` calls over batches holds them packed across the loop with this, saving the packing per
-        call (~60 ms at base size). The weights must not change inside the block."""
-        return packed_decoder_weights([self.get_decoder(), self.get_output_embeddings()])
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
         processors = super()._get_logits_processor(*args, **kwargs)
@@ -169,8 +177,13 @@ class PaperDecodingMixin:
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, **model_kwargs):
         # transformers copies the encoder states and source mask num_beams times; the beams of a sentence share them
-        # instead (cross-attention groups their queries), which saves the copies and reordering them every step.
-        if not getattr(self, "_share_encoder_states", True):
+        # instead (cross-attention groups their queries), which saves the copies and reordering them every step. A
+        # cache given to the call whose cross-attention part is filled already holds a row per beam: copies then.
+        given_cache = model_kwargs.get("cache")
+        if (
+            getattr(given_cache, "cross_attention_cache", None) is not None
+            and given_cache.cross_attention_cache.is_initialized
+        ):
             return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, **model_kwargs)
         shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
         input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, **model_kwargs)
@@ -181,6 +194,12 @@ class PaperDecodingMixin:
         # the same (shared or copied): only the self-attention cache needs reordering.
         cache.self_attention_cache.reorder_cache(beam_idx)
         return cache
+
+    def _call_setting(self, name: str, generation_config: GenerationConfig | None, kwargs: dict):
+        """A generation setting of one `generate` call as transformers resolves it: the argument, else the given
+        generation config's, else the model's; None where none sets it (transformers' default applies)."""
+        settings = (kwargs.get(name), getattr(generation_config, name, None), getattr(self.generation_config, name))
+        return next((value for value in settings if value is not None), None)
 
     @staticmethod
     def _source_lengths(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
@@ -199,15 +218,10 @@ class PaperDecodingMixin:
         eos = config.eos_token_id if config.eos_token_id is not None else self.config.eos_token_id
         return eos[0] if isinstance(eos, list) else eos
 
-    def _penalty_exponent(self, length: int, length_penalty: float) -> float:
-        if getattr(self, "_length_penalty_type", "gnmt") == "power":
-            return length_penalty
-        return equivalent_power(length, length_penalty)
-
     # transformers divides a finished hypothesis' log-probability by length ** length_penalty in these two places;
-    # handing them the exponent whose power equals lp_GNMT makes them apply GNMT's penalty instead.
+    # handing them, for a GNMT penalty, the exponent whose power equals lp_GNMT makes them apply GNMT's instead.
     def _update_finished_beams(self, *, cur_len: int, decoder_prompt_len: int, length_penalty: float, **kwargs):
-        exponent = self._penalty_exponent(cur_len + 1 - decoder_prompt_len, length_penalty)
+        exponent = penalty_exponent(cur_len + 1 - decoder_prompt_len, length_penalty)
         return super()._update_finished_beams(
             cur_len=cur_len, decoder_prompt_len=decoder_prompt_len, length_penalty=exponent, **kwargs
         )
@@ -217,7 +231,7 @@ class PaperDecodingMixin:
     ):
         # the length at which transformers bounds the best running score (see GenerationMixin)
         bound_length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
-        exponent = self._penalty_exponent(bound_length - decoder_prompt_len, length_penalty)
+        exponent = penalty_exponent(bound_length - decoder_prompt_len, length_penalty)
         return super()._check_early_stop_heuristic(
             cur_len=cur_len,
             max_length=max_length,
@@ -236,7 +250,15 @@ def copy_shared_cross_attention_cache(cache: EncoderDecoderCache) -> None:
     """
     batch_size = cache.self_attention_cache.layers[0].keys.shape[0] if cache.self_attention_cache.layers else 0
     for layer in cache.cross_attention_cache.layers:
-        if getattr(layer, "keys", None) is not None and 0 < layer.keys.shape[0] < batch_size:
+        if getattr(layer, "keys", None) is None or not 0 < layer.keys.shape[0] < batch_size:
+            continue
+        if isinstance(layer, StaticLayer):  # fixed storage: allocated anew for the rows, as its first update does
+            group = batch_size // layer.keys.shape[0]
+            keys, values = layer.keys.repeat_interleave(group, 0), layer.values.repeat_interleave(group, 0)
+            layer.lazy_initialization(keys, values)
+            layer.keys.copy_(keys)
+            layer.values.copy_(values)
+        else:
             layer.batch_repeat_interleave(batch_size // layer.keys.shape[0])
 
 

@@ -1,13 +1,16 @@
 """§5.4 label-smoothed cross-entropy of the pre-softmax projection, with a training path that never holds all logits.
 
-This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch and
-fast_paths_vaswani.
+This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from .fast_paths_vaswani import product
+# a @ b.T + bias for 2-d a and b: the products of the chunked loss (the installed package's cpu_kernels.py passes
+# faster ones)
+Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 class ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -16,8 +19,8 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
     memory of three full-vocabulary tensors (logits, log-probabilities, their gradient) is saved. Positions labelled
-    -100 are left out before the projection. The logits and the input gradient run on the kernel measured fastest on
-    this CPU (`product`); without autocast the weight gradient accumulates in place (addmm_). `scale` (1 / the token
+    -100 are left out before the projection. The logits and the input gradient are `product`s (nn.functional.linear
+    or a faster equal); without autocast the weight gradient accumulates in place (addmm_). `scale` (1 / the token
     count for a mean) is applied to the gradients there too, on chunk-sized operands, so that backward hands them on
     untouched when the loss is differentiated directly, as in training: scaling a weight gradient of vocabulary x
     d_model afterwards makes one more tensor of that size, in fresh memory (~0.1 s a step at base size on a CPU).
@@ -25,7 +28,15 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, labels, label_smoothing: float, chunk_size: int, scale: float | torch.Tensor = 1.0
+        ctx,
+        hidden,
+        weight,
+        bias,
+        labels,
+        label_smoothing: float,
+        chunk_size: int,
+        scale: float | torch.Tensor = 1.0,
+        product: Product = nn.functional.linear,
     ) -> torch.Tensor:
         hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
         counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
@@ -71,7 +82,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         # the usual case, d total / d total: nothing to scale (a check that would wait for an accelerator: CPU only)
         if not (grad_total.device.type == "cpu" and grad_total.item() == 1.0):
             grads = [None if grad is None else grad * grad_total for grad in grads]
-        return *grads, None, None, None, None
+        return *grads, None, None, None, None, None
 
 
 def label_smoothed_loss(
@@ -82,12 +93,14 @@ def label_smoothed_loss(
     pad_token_id: int | None,
     num_items_in_batch: int | torch.Tensor | None = None,
     logits: torch.Tensor | None = None,
+    product: Product = nn.functional.linear,
 ) -> torch.Tensor:
     """§5.4: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over the target tokens.
 
     -100 and `pad_token_id` labels are not counted. The sum is divided by `num_items_in_batch` when given (Trainer's
     count over an accumulated batch, so that gradient accumulation equals one large batch), else by this batch's
-    count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states.
+    count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states,
+    the output projection's products computed by `product`.
     """
     labels = labels.masked_fill(labels == pad_token_id, -100).to(hidden_states.device)
     denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
@@ -95,10 +108,10 @@ def label_smoothed_loss(
         weight, bias = output_projection.weight, output_projection.bias
         # At most ~16 MiB of float32 logits a chunk, and at most 2 d_model positions: past that, the weight gradient's
         # accumulation (a pass over vocabulary x d_model per chunk) is already small against the chunk's products, and
-        # larger logits only fall out of cache (README, "Performance").
+        # larger logits only fall out of cache (docs/performance.md).
         chunk_size = max(1, min(2 * weight.shape[1], 2**22 // weight.shape[0]))
         return ProjectedLabelSmoothedLoss.apply(
-            hidden_states, weight, bias, labels, label_smoothing, chunk_size, 1.0 / denominator
+            hidden_states, weight, bias, labels, label_smoothing, chunk_size, 1.0 / denominator, product
         )
     total = nn.functional.cross_entropy(
         logits.flatten(0, 1).float(),

@@ -4,10 +4,10 @@ Classes follow the paper: attention (§3.2.1), multi-head attention (§3.2.2), t
 (§3.3), embeddings (§3.4) with positional encodings (§3.5), then the encoder and decoder layers and stacks (§3.1),
 the encoder-decoder and the whole model of Figure 1 with its pre-softmax projection (§3.4).
 
-Speed lives in fast_paths_vaswani.py (faster nn.Linear and nn.Dropout on CPU, beams sharing the encoder states,
-float32 attention under CPU autocast), the training loss in loss_vaswani.py, the paper's decoding (§6.1) in
-generation_vaswani.py, input checks in checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it
-imports only torch, transformers and those sibling modules.
+The training loss lives in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py, input checks in
+checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
+those sibling modules, through their public API. The installed package attaches faster CPU kernels to the same modules
+from outside (`kernelize` of its cpu_kernels.py).
 """
 
 import math
@@ -35,7 +35,6 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .checks_vaswani import check_inputs, check_labels, check_token_ids
 from .configuration_vaswani import VaswaniConfig
-from .fast_paths_vaswani import VaswaniDropout, VaswaniLinear, attend_with_shared_source, float32_attention
 from .generation_vaswani import PaperDecodingMixin
 from .loss_vaswani import label_smoothed_loss
 from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
@@ -65,6 +64,37 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
+def attend_with_shared_source(
+    attention: Callable,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Encoder-decoder attention of `group` decoder rows per sentence to one copy of each sentence's keys and values.
+
+    During generation the beams (or returned sequences) of a sentence share its encoder states instead of holding
+    `group` copies (generation_vaswani's `_expand_inputs_for_generation`): their queries are stacked along the length
+    axis and attend to that one copy together, which is the same attention. `attention` is any of transformers'
+    attention functions; returns its output as (batch, length, heads, d_v) and its weights as (batch, heads, length,
+    source length), as if the keys and values had been copied.
+    """
+    batch_size, _, length, _ = query.shape
+    group = batch_size // key.shape[0]
+    if group * key.shape[0] != batch_size:
+        raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
+    query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
+    output, weights = attention(module, query, key, value, attention_mask, **kwargs)
+    if weights is not None:
+        weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
+    # (batch / group, group * length, heads, d_v) holds the same memory order as (batch, length, heads, d_v)
+    return output.reshape(batch_size, length, *output.shape[2:]), weights
+
+
 class VaswaniMultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -79,10 +109,14 @@ class VaswaniMultiHeadAttention(nn.Module):
         self.is_causal = is_causal  # read by the sdpa and flash attention functions
         self.d_k, self.d_v = config.d_k, config.d_v
         self.scaling = config.d_k**-0.5
-        self.q_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_k)
-        self.k_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_k)
-        self.v_proj = VaswaniLinear(config.d_model, config.num_heads * config.d_v)
-        self.out_proj = VaswaniLinear(config.num_heads * config.d_v, config.d_model)
+        self.q_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.k_proj = nn.Linear(config.d_model, config.num_heads * config.d_k)
+        self.v_proj = nn.Linear(config.d_model, config.num_heads * config.d_v)
+        self.out_proj = nn.Linear(config.num_heads * config.d_v, config.d_model)
+
+    def attention_function(self) -> Callable:
+        """Eq. 1 as the configured entry of transformers' attention interface computes it (eager, sdpa, flex, ...)."""
+        return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
 
     def forward(
         self,
@@ -112,13 +146,9 @@ class VaswaniMultiHeadAttention(nn.Module):
                 if is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attention = self.attention_function()
         if key.shape[0] != batch_size:  # the beams of each sentence share its encoder states while generating
             attention = partial(attend_with_shared_source, attention)
-        if query.device.type == "cpu" and torch.is_autocast_enabled("cpu"):  # bf16 training: see float32_attention
-            attention = partial(float32_attention, attention)
         output, weights = attention(
             self,
             query,
@@ -137,9 +167,9 @@ class VaswaniFeedForward(nn.Module):
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__()
-        self.fc1 = VaswaniLinear(config.d_model, config.d_ff)
-        self.fc2 = VaswaniLinear(config.d_ff, config.d_model)
-        self.activation_dropout = VaswaniDropout(config.activation_dropout)
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.activation_dropout(nn.functional.relu(self.fc1(hidden_states))))
@@ -194,7 +224,7 @@ class VaswaniEmbeddings(nn.Module):
             self.positions = VaswaniSinusoidalPositionalEncoding(config.d_model, True, config.pad_token_id + 1)
         else:
             self.positions = VaswaniSinusoidalPositionalEncoding(config.d_model)
-        self.dropout = VaswaniDropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0
@@ -218,7 +248,7 @@ class VaswaniEncoderLayer(GradientCheckpointingLayer):
         self.self_attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = VaswaniFeedForward(config)
         self.feed_forward_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = VaswaniDropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Unpack[TransformersKwargs]
@@ -239,7 +269,7 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         self.cross_attention_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = VaswaniFeedForward(config)
         self.feed_forward_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = VaswaniDropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self,
@@ -491,7 +521,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = VaswaniLinear(config.d_model, config.vocab_size, bias=config.output_bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
+        self.loss_function = label_smoothed_loss  # transformers' hook for a model's loss; kernelize may replace it
         self._tied_weights_keys = {f"model.{k}": f"model.{v}" for k, v in (self.model._tied_weights_keys or {}).items()}
         if config.tie_word_embeddings:
             source = "encoder" if config.share_embeddings else "decoder"
@@ -528,6 +559,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        return_logits: bool = True,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -537,7 +569,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             loss is divided by it so that gradient accumulation equals one large batch.
         logits_to_keep: logits for the last this many positions only (0: all), or for the positions this tensor
             indexes; `generate` asks for the last one. The loss still covers every labelled position.
+        return_logits: False (with labels) computes the loss chunk by chunk without ever holding the full-vocabulary
+            logits, and returns `logits=None` (loss_vaswani.py): what training needs, in less memory.
         """
+        if not return_logits and labels is None:
+            raise ValueError("return_logits=False computes the loss without logits: it needs labels")
         if labels is not None:
             check_labels(
                 labels,
@@ -560,11 +596,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             **kwargs,
         )
         logits = loss = None
-        if labels is None or not (self.config.loss_without_logits and torch.is_grad_enabled()):
+        if return_logits:
             positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(outputs.last_hidden_state[:, positions])
         if labels is not None:  # §5.4; from the logits when they cover every position, else chunk by chunk
-            loss = label_smoothed_loss(
+            loss = self.loss_function(
                 outputs.last_hidden_state,
                 self.lm_head,
                 labels,

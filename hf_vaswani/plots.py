@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .training import replace_file  # noqa: E402
+from .files import replace_file  # noqa: E402
 
 
 def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Path:

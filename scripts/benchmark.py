@@ -1,20 +1,14 @@
 """Speed and memory of hf_vaswani against transformers' MarianMTModel and CTranslate2, at identical size, on CPU.
 
-A randomly initialised MarianMTModel (ReLU, scaled and shared embeddings) is converted with `from_marian`, so both
-PyTorch models compute the same function (their logits are compared on one batch); CTranslate2, when installed,
-converts the same saved Marian folder. Repetitions alternate between systems and medians are reported.
+A random MarianMTModel converted with `from_marian` (both compute the same function: their logits are compared) and
+CTranslate2 converted from the same Marian folder. Repetitions alternate between systems; medians are reported.
+Measured: training tokens/s (forward, backward, fused AdamW; hf_vaswani with its trainer's chunked loss), peak RSS
+growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length, and each
+decoding's share of the matmul and roofline bounds. Results and their reading: docs/performance.md.
 
-Metrics: training tokens/s (source + target tokens; forward, backward and fused AdamW step), greedy and beam-search
-output tokens/s at a forced output length (min = max length; hf_vaswani's decoding weights packed once for all its
-generate calls, as `translate` does, and that packing's time printed apart), and peak RSS growth over the first two
-training steps (resident set size sampled every 5 ms by a background thread, minus the RSS before the steps; glibc's
-free memory trimmed first). Each system trains one copy of its model through all repetitions, as one training process
-would; hf_vaswani with the loss its trainer uses (`loss_without_logits`: chunk by chunk, no full-vocabulary logits).
-
-    python scripts/benchmark.py --preset tiny --repeats 2
-    python scripts/benchmark.py --preset base --repeats 3 --decode-batch-size 8 --output-length 24 --train-steps 2
+    python scripts/benchmark.py --preset base --repeats 3 --train-steps 2 [--int8]
+    python scripts/benchmark.py --preset tiny --repeats 2           # a quick check
     python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
-    python scripts/benchmark.py --preset base --int8                # torch dynamic quantization and CT2 int8 (decoding)
     python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
     python scripts/benchmark.py --preset base --torch-compile       # training under torch.compile, both models
 """
@@ -44,9 +38,10 @@ from transformers.utils import logging as transformers_logging
 
 from hf_vaswani.allocator import reuse_freed_memory
 from hf_vaswani.convert import from_marian
-from hf_vaswani.fast_paths_vaswani import onednn_product
-from hf_vaswani.inference import packed_weights, quantize_int8
-from hf_vaswani.training import cpu_bf16_matmul_works
+from hf_vaswani.cpu_kernels import kernelize, onednn_product, packed_weights
+from hf_vaswani.modeling_vaswani import VaswaniForConditionalGeneration
+from hf_vaswani.precision import cpu_bf16_matmul_works
+from hf_vaswani.quantization import quantize_int8
 
 PRESETS = {
     "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},
@@ -75,7 +70,7 @@ def machine_description(threads: int) -> dict[str, str | int]:
 
 def measured_matmul_gflops(repeats: int = 5, size: int = 2048) -> dict[str, float]:
     """This CPU's fp32 matmul rate by torch's product (MKL where torch has it) and by oneDNN's (which
-    `hf_vaswani.fast_paths_vaswani.product` picks where it is faster), best of `repeats` square products each; the
+    `hf_vaswani.cpu_kernels.product` picks where it is faster), best of `repeats` square products each; the
     faster is the bound's denominator."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     kernels = {"torch": lambda: torch.mm(a, b)}
@@ -176,7 +171,7 @@ def build_models(preset: dict) -> tuple[MarianMTModel, torch.nn.Module]:
     )
     marian = MarianMTModel(config).eval()
     marian.generation_config.bad_words_ids = [[config.pad_token_id]]  # as OPUS-MT; CTranslate2 drops <pad> anyway
-    return marian, from_marian(marian).eval()
+    return marian, kernelize(from_marian(marian)).eval()  # as the package builds and loads its models
 
 
 def random_source(batch: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -234,12 +229,12 @@ class TrainingRun:
 
     def __init__(self, model: torch.nn.Module, batch: dict, dtype: str, compiled: bool) -> None:
         self.model = copy.deepcopy(model).train()  # the decoding models stay untouched
-        if hasattr(self.model.config, "loss_without_logits"):
-            self.model.config.loss_without_logits = True  # as VaswaniTrainer trains
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
         if compiled:  # accelerate's TorchDynamoPlugin compiles the model so, with the default backend and dynamic=None
             self.model = torch.compile(self.model)
-        self.batch, self.dtype = batch, dtype
+        self.dtype = dtype
+        # hf_vaswani trains as VaswaniTrainer does: its loss chunk by chunk, without the full-vocabulary logits
+        self.batch = {**batch, "return_logits": False} if isinstance(model, VaswaniForConditionalGeneration) else batch
         self.tokens_per_step = batch["input_ids"].numel() + batch["labels"].numel()
 
     def step(self) -> None:

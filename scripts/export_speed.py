@@ -5,6 +5,8 @@ A random Transformer-base (8k vocabulary) is written with `hf_vaswani.export.wri
 CTranslate2 runs in a process of its own: its OpenMP runtime and torch's slow each other down in one process.
 
     python scripts/export_speed.py --threads 2 --repeats 5 [--quantization int8]
+
+Results: docs/deployment.md.
 """
 
 import argparse
@@ -18,8 +20,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.cpu_kernels import kernelize
 from hf_vaswani.export import write_ctranslate2
-from hf_vaswani.inference import quantize_int8
+from hf_vaswani.quantization import quantize_int8
 
 VOCAB, SENTENCES, LENGTH = 8000, 8, 24
 
@@ -53,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.base(vocab_size=VOCAB)).eval()
+    model = kernelize(VaswaniForConditionalGeneration(VaswaniConfig.base(vocab_size=VOCAB))).eval()
     tokenizer = word_tokenizer()
     source = torch.cat([torch.randint(4, VOCAB, (SENTENCES, LENGTH - 1)), torch.full((SENTENCES, 1), 2)], dim=1)
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in source.tolist()]

@@ -5,6 +5,8 @@ is what grouping by length saves. Examples:
 
     python scripts/padding_fraction.py                       # the embedded demo corpus, whitespace tokens
     python scripts/padding_fraction.py train.en train.de --tokenizer tokenizer/ --max-tokens 3125
+
+Results on the embedded corpus: docs/training.md.
 """
 
 from __future__ import annotations

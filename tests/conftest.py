@@ -1,15 +1,10 @@
+import getpass
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    DECODING_PATHS,
-    LOGIT_MARGIN,
-    PROBE_SENTENCES,
-    mistranslations,
-    reversal_pairs,
-    smallest_logit_margin,
-)
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 # Nothing may download at run time: any attempt to reach the Hub fails loudly instead of hanging.
@@ -17,40 +12,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# inductor's on-disk cache does not tell kernel selections apart. A compiled training step cached under the native
-# selection failed under ATEN_CPU_CAPABILITY=avx2 (.ci/run's second pass) with "tuple args required"; cached under
-# avx2, it corrupted the heap under the native one ("malloc(): unaligned tcache chunk detected"). One cache for each.
+# inductor's on-disk cache is not keyed on the kernel selection, and code compiled under one selection breaks under
+# another (.ci/run tests under two): one cache for each selection.
 KERNEL_SELECTION = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     selection = "-".join(os.environ.get(name, "native") for name in KERNEL_SELECTION)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{selection}"
+    cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}-{selection}"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
 
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def tiny_config_kwargs() -> dict:
-    """A model small enough for CPU tests, with d_k != d_v so that both paths of §3.2.2 are exercised."""
-    return dict(
-        vocab_size=61,
-        d_model=24,
-        d_ff=40,
-        num_heads=3,
-        d_k=6,
-        d_v=10,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-    )
-
-
 CHECK_EVERY = 25
-# Measured on an AMD EPYC (AVX-512): the criterion first holds after 625-750 steps under each kernel selection (as is,
-# MKL_CBWR=AVX2 or COMPATIBLE, ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2 or default), and after 325-650 with
-# other training seeds. The cap leaves more than 2.5x; by then the learning rate has halved 9 times, so a run that
-# misses it is broken, not slow.
+# The criterion holds after fewer than 800 steps under every kernel selection; by 2000 the learning rate has halved 9
+# times, so a run that misses it is broken, not slow.
 MAX_TRAINING_STEPS = 2000
 
 
@@ -60,27 +35,20 @@ def train_capitaliser(max_steps: int):
     Float results differ between CPUs (MKL, oneDNN and ATen pick kernels by instruction set), so the same number of
     steps ends at a different model on each: training runs to a checked criterion instead.
     """
+    from helpers import DECODING_PATHS, LOGIT_MARGIN, mistranslations, smallest_logit_margin
+    from tiny import CAPITALISER_MODEL, PROBE_SENTENCES, capitalised_pairs
+
     from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
     from hf_vaswani.generation_vaswani import paper_generation_config
     from hf_vaswani.tokenization import train_shared_bpe
 
     probe = set(PROBE_SENTENCES)
-    pairs = [pair for pair in reversal_pairs(20000, seed=0) if pair[0] not in probe]
-    # 400 leaves room for every word, lower and upper case, as one token: outputs of at most 5 tokens. (With 300, HOUSE
-    # is spelled letter by letter, training takes longer, and beam search's early stop often ends on a wrong hypothesis
-    # that finished before the right one.)
+    pairs = [pair for pair in capitalised_pairs(20000, seed=0) if pair[0] not in probe]
+    # 400 leaves room for every word, lower and upper case, as one token: outputs of at most 5 tokens, short enough
+    # for beam search's early stop not to end on a wrong hypothesis that finished first.
     tokenizer = train_shared_bpe([text for pair in pairs for text in pair], vocab_size=400, min_frequency=1)
     torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer),
-        d_model=64,
-        d_ff=128,
-        num_heads=4,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        label_smoothing=0.0,
-    )
+    config = VaswaniConfig(vocab_size=len(tokenizer), **CAPITALISER_MODEL)
     model = VaswaniForConditionalGeneration(config)
     model.generation_config = paper_generation_config(config)  # §6.1 decoding by default, as `vaswani train` saves
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)

@@ -1,14 +1,16 @@
-"""Shared test helpers."""
+"""Checks shared by the tests: the trained fixture's criterion, refused commands, code run without hf_vaswani."""
 
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
+
+from hf_vaswani.cli import main
 
 REFUSE_HF_VASWANI = """
 import sys
@@ -41,50 +43,32 @@ def run_without_hf_vaswani(script: str, args: list[str], workdir: Path) -> dict:
     return json.loads(lines[-1])
 
 
-WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "house", "river"]
+def refused(capture: pytest.CaptureFixture, argv: list[str], *named: str) -> str:
+    """Run `vaswani ARGV`, which must stop with exit code 2 and one line on stderr naming each of `named`: that line."""
+    capture.readouterr()  # what the test's own set-up printed
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    error = capture.readouterr().err
+    assert error.startswith(f"vaswani {argv[0]}: error: ") and error.count("\n") == 1, error
+    for name in named:
+        assert name in error, (name, error)
+    return error
 
 
 def timing_forbidden(products: dict) -> None:
-    """Stands in for fast_paths_vaswani.fastest where no kernel may be chosen by timing (full_determinism)."""
+    """Stands in for cpu_kernels.fastest where no kernel may be chosen by timing (full_determinism)."""
     raise RuntimeError("a kernel was chosen by timing under deterministic algorithms")
 
 
-def reversal_pairs(count: int, seed: int) -> list[tuple[str, str]]:
-    """A toy translation task: the target is the source in capitals (a new vocabulary, aligned word by word)."""
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(count):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 4))]
-        pairs.append((" ".join(words), " ".join(w.upper() for w in words)))
-    return pairs
-
-
-# The sentences tests translate and compare with their capitalised form (test_generation, test_fast_paths, test_cli,
-# test_hub): the trained fixture (conftest.py) is checked on each of them, and on a sample that training never sees,
-# so that the check is about the task rather than a list.
-SENTENCES_TESTS_TRANSLATE = [
-    "red cat sun",
-    "blue dog moon tree",
-    "green tree",
-    "sun moon",
-    "moon river",
-    "blue dog",
-    "green tree moon",
-    "red cat sun moon",
-]
-PROBE_SENTENCES = list(dict.fromkeys(SENTENCES_TESTS_TRANSLATE + [source for source, _ in reversal_pairs(64, seed=1)]))
-
-# How far int8 dynamic quantization may move the trained fixture's logits, in root mean square (test_fast_paths checks
-# it). Each weight is rounded to a step of max|W| / 127 per tensor, each activation to a step of its batch's range / 127
-# (7 bits, torch's reduce_range on x86): about 1% rms error per operand, ~1.5% per projection, and the ~12 projections
-# between the embeddings and a logit add up to ~5% of the logit scale (|logit| <= ~14): ~0.7. Measured: 0.05. The
-# largest single move, over the ~10^5 logits, is an extreme value of that spread and depends on the fixture's
-# trajectory (0.33-0.57 in most runs, 1.52 once on a loaded machine), so it is not what the test bounds.
+# How far int8 dynamic quantization may move the trained fixture's logits, in root mean square (test_cpu_kernels): a
+# rounding step of 1/127 of each operand's range is ~1% error, and the ~12 projections between the embeddings and a
+# logit add up to ~5% of the logit scale (|logit| <= ~14). The largest single move varies with training: not bounded.
 INT8_LOGIT_RMS_TOLERANCE = 0.7
 # The trained fixture's margin: teacher-forced on every probe sentence, each right next token's logit exceeds every
 # wrong one's by at least this. fp32 rounding differences between kernels, thread counts and processes move logits by
 # ~1e-5, so no argmax along a right translation can flip: greedy decoding gives the same translations in every process,
-# on every CPU (and in int8, whose model keeps every right token ahead: test_fast_paths checks it).
+# on every CPU (and in int8, whose model keeps every right token ahead: test_cpu_kernels checks it).
 LOGIT_MARGIN = 4.0
 
 
@@ -116,18 +100,3 @@ def mistranslations(model, tokenizer, sentences: list[str], **generate_options) 
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     translations = tokenizer.batch_decode(model.generate(**batch, **generate_options), skip_special_tokens=True)
     return [(s, t) for s, t in zip(sentences, translations, strict=True) if t != s.upper()]
-
-
-# A toy English -> German corpus for the recipe's and the trainer's tests, and a model small enough to train on it in
-# seconds.
-PAIRS = [
-    ("the dog sleeps .", "der Hund schläft ."),
-    ("the cat sleeps .", "die Katze schläft ."),
-    ("the dog sees the cat .", "der Hund sieht die Katze ."),
-    ("the cat sees the dog .", "die Katze sieht den Hund ."),
-    ("today the dog sleeps .", "heute schläft der Hund ."),
-    ("today the cat sees the dog .", "heute sieht die Katze den Hund ."),
-    ("the man sees the woman .", "der Mann sieht die Frau ."),
-    ("the woman sees the man .", "die Frau sieht den Mann ."),
-]
-TINY_OVERRIDES = dict(d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1)

@@ -1,3 +1,5 @@
+"""Checkpoint averaging (§6.1): the element-wise mean of the last checkpoints, what travels with it, and refusals."""
+
 import json
 import shutil
 from pathlib import Path
@@ -7,24 +9,15 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tiny import random_model
 from transformers import AutoModelForSeq2SeqLM, TrainerControl, TrainerState
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.averaging import average_checkpoints, last_checkpoints
-from hf_vaswani.training import CheckpointAveragingCallback
+from hf_vaswani.callbacks import CheckpointAveragingCallback
 
 STEPS = (5, 10, 100)
-
-
-def tiny_config(**overrides: int) -> VaswaniConfig:
-    sizes = {"vocab_size": 50, "d_model": 16, "d_ff": 32, "num_heads": 2, "encoder_layers": 1, "decoder_layers": 1}
-    return VaswaniConfig(**(sizes | overrides))
-
-
-def tiny_model(seed: int, **overrides: int) -> VaswaniForConditionalGeneration:
-    torch.manual_seed(seed)
-    return VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +26,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, 
     output_dir = tmp_path_factory.mktemp("run")
     state_dicts = []
     for seed, step in enumerate(STEPS):
-        model = tiny_model(seed)
+        model = random_model(seed)
         checkpoint = output_dir / f"checkpoint-{step}"
         model.save_pretrained(checkpoint)
         # Training state that must not travel into the averaged model.
@@ -133,7 +126,7 @@ def test_copies_loading_files_of_the_last_checkpoint_only(run: tuple[Path, list]
 def test_sharded_checkpoints_are_read(run: tuple[Path, list], tmp_path: Path) -> None:
     _, state_dicts = run
     for seed in range(2):
-        tiny_model(seed).save_pretrained(tmp_path / f"sharded-{seed}", max_shard_size="5KB")
+        random_model(seed).save_pretrained(tmp_path / f"sharded-{seed}", max_shard_size="5KB")
     assert (tmp_path / "sharded-0" / "model.safetensors.index.json").is_file()
     averaged_dir = average_checkpoints([tmp_path / "sharded-0", tmp_path / "sharded-1"], tmp_path / "averaged")
     assert not (averaged_dir / "model.safetensors.index.json").exists()
@@ -144,10 +137,10 @@ def test_sharded_checkpoints_are_read(run: tuple[Path, list], tmp_path: Path) ->
 
 def test_mismatched_checkpoints_are_refused_naming_the_tensor(run: tuple[Path, list], tmp_path: Path) -> None:
     output_dir, _ = run
-    tiny_model(0, d_ff=48).save_pretrained(tmp_path / "wider")
+    random_model(0, d_ff=48).save_pretrained(tmp_path / "wider")
     with pytest.raises(ValueError, match=r"wider.*feed_forward\.fc1\.(weight|bias)"):
         average_checkpoints([output_dir / "checkpoint-5", tmp_path / "wider"], tmp_path / "averaged")
-    tiny_model(0, encoder_layers=2).save_pretrained(tmp_path / "deeper")
+    random_model(0, encoder_layers=2).save_pretrained(tmp_path / "deeper")
     with pytest.raises(ValueError, match=r"deeper.*model\.encoder\.layers\.1\."):
         average_checkpoints([output_dir / "checkpoint-5", tmp_path / "deeper"], tmp_path / "averaged")
     assert not (tmp_path / "averaged" / "model.safetensors").exists()
@@ -182,7 +175,7 @@ def test_bad_inputs_are_refused(run: tuple[Path, list], tmp_path: Path) -> None:
 
 def test_checkpoints_with_different_tokenizers_are_refused(tmp_path: Path) -> None:
     for seed, (name, vocabulary) in enumerate([("a", '{"red": 4}'), ("b", '{"red": 5}')]):
-        tiny_model(seed).save_pretrained(tmp_path / name)
+        random_model(seed).save_pretrained(tmp_path / name)
         (tmp_path / name / "tokenizer_config.json").write_text('{"model_max_length": 512}')
         (tmp_path / name / "tokenizer.json").write_text(vocabulary)
     with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different tokenizers: tokenizer.json differs"):
@@ -190,8 +183,8 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path: Path) -> No
 
 
 def test_checkpoints_with_different_configs_are_refused(tmp_path: Path) -> None:
-    tiny_model(0).save_pretrained(tmp_path / "a")
-    tiny_model(1, label_smoothing=0.2).save_pretrained(tmp_path / "b")  # same tensors, another model
+    random_model(0).save_pretrained(tmp_path / "a")
+    random_model(1, label_smoothing=0.2).save_pretrained(tmp_path / "b")  # same tensors, another model
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     (tmp_path / "a" / "config.json").write_text(json.dumps(config | {"transformers_version": "0.0"}))  # irrelevant
     with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different configs: \['label_smoothing'\]"):

@@ -156,6 +156,23 @@ def test_oversized_example_gets_its_own_batch_with_one_warning() -> None:
             assert sorted(i for b in batches for i in b) == list(range(5))
 
 
+def test_lengths_that_change_every_epoch_are_packed_per_epoch_in_a_fixed_count() -> None:
+    lengths = {epoch: lognormal_lengths(300, seed=epoch) for epoch in range(3)}
+    sampler = TokenBatchSampler(*lengths[0], MAX_TOKENS, epoch_lengths=lengths.__getitem__, batches_per_epoch=9)
+    for epoch, (source, target) in lengths.items():
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler) == 9  # each epoch packs into 7, two of them split
+        assert sorted(i for b in batches for i in b) == list(range(300))
+        for batch in batches:
+            assert len(batch) * max(source[i] for i in batch) <= MAX_TOKENS
+            assert len(batch) * max(target[i] for i in batch) <= MAX_TOKENS
+    with pytest.raises(RuntimeError, match="epoch 0 packs into [0-9]+ batches, more than batches_per_epoch=1"):
+        TokenBatchSampler(*lengths[0], MAX_TOKENS, epoch_lengths=lengths.__getitem__, batches_per_epoch=1).all_batches()
+    with pytest.raises(ValueError, match="batches_per_epoch must be a positive multiple of num_replicas \\(2\\)"):
+        TokenBatchSampler(*lengths[0], MAX_TOKENS, num_replicas=2, batches_per_epoch=7)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

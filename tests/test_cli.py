@@ -9,53 +9,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import refused
+from tiny import save_random_checkpoints, toy_train_options, write_corpus_files
 
 import hf_vaswani.cli
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import build_parser, main, settings_from_args
-from hf_vaswani.recipe import RecipeSettings, setting_flag
+from hf_vaswani.settings import RecipeSettings, setting_flag
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
-SOURCES = ["the dog sleeps .", "the cat sleeps .", "the dog sees the cat .", "the cat sees the dog ."] * 5
-TARGETS = ["der Hund schläft .", "die Katze schläft .", "der Hund sieht die Katze .", "die Katze sieht den Hund ."] * 5
-
 
 def local_files_arguments(folder: Path) -> list[str]:
-    """`vaswani train` options for a tiny corpus written into `folder`, its training split doubling as test split."""
-    for name, lines in (("train.en", SOURCES), ("train.de", TARGETS)):
-        (folder / name).write_text("\n".join(lines) + "\n")
-    files = [str(folder / "train.en"), str(folder / "train.de")]
-    return ["--output-dir", str(folder / "run"), "--data", "files", "--train", *files, "--test", *files]
+    """`vaswani train` options for the toy corpus written into `folder`, the run going to `folder`/run."""
+    return ["--output-dir", str(folder / "run"), *write_corpus_files(folder)]
 
 
 def test_train_from_local_files(tmp_path) -> None:
-    # d_ff twice: the later value wins; label smoothing goes through the overrides like any other config field
-    tiny = ["d_model=32", "d_ff=48", "d_ff=64", "num_heads=4", "encoder_layers=1", "decoder_layers=1"]
-    tiny.append("label_smoothing=0.2")
-    main(
-        [
-            "train",
-            *local_files_arguments(tmp_path),
-            *[arg for override in tiny for arg in ("--model-override", override)],
-            "--vocab-size",
-            "300",
-            "--max-tokens",
-            "64",
-            "--warmup-steps",
-            "4",
-            "--max-steps",
-            "6",
-            "--save-steps",
-            "2",
-            "--average-last",
-            "3",
-            "--logging-steps",
-            "2",
-            "--num-beams",
-            "2",
-        ]
-    )
+    # d_ff again, twice: the last value wins; label smoothing goes through the overrides like any other config field
+    schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3)
+    overrides = ["--model-override", "d_ff=48", "--model-override", "d_ff=64"]
+    main(["train", *local_files_arguments(tmp_path), *schedule, *overrides, "--model-override", "label_smoothing=0.2"])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # every 2 steps, last 3
@@ -84,11 +58,7 @@ def test_settings_are_refused_before_any_work(tmp_path, capsys, monkeypatch, opt
         raise AssertionError("the corpus was read before the settings were checked")
 
     monkeypatch.setattr(hf_vaswani.cli, "load_data", load_data)
-    with pytest.raises(SystemExit) as stopped:
-        main(["train", *local_files_arguments(tmp_path), *options])
-    assert stopped.value.code == 2
-    error = capsys.readouterr().err
-    assert error.startswith("vaswani train: error: ") and named in error and error.count("\n") == 1, error
+    refused(capsys, ["train", *local_files_arguments(tmp_path), *options], named)
     assert not (tmp_path / "run").exists()  # no tokenizer, no checkpoint
 
 
@@ -133,6 +103,22 @@ def test_train_options_are_the_recipe_settings(capsys, monkeypatch) -> None:
         assert f"{setting_flag(setting.name)} " in help_text and setting.metadata["help"] in help_text, setting.name
 
 
+def test_the_parser_and_help_import_no_data_metric_or_plotting_library() -> None:
+    # torch and transformers, which register the model classes, are the floor: each command imports the rest itself.
+    heavy = ("datasets", "evaluate", "matplotlib", "sacrebleu")
+    probe = f"""
+import contextlib, io, sys
+from hf_vaswani.cli import build_parser, main
+build_parser()
+for arguments in (["--help"], ["train", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main(arguments)
+print(" ".join(sorted(set({heavy!r}) & set(sys.modules))))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "", f"building the parser and its help imported {result.stdout.strip()}"
+
+
 def script_command(name: str) -> list[str]:
     """The words of a script's `exec` line, continuation lines joined, shell variables unexpanded, "$@" dropped."""
     text = (SCRIPTS / name).read_text().replace("\\\n", " ")
@@ -150,13 +136,7 @@ def test_the_scripts_commands_give_valid_settings() -> None:
 
 
 def test_average_command_writes_the_elementwise_mean(tmp_path) -> None:
-    config = VaswaniConfig(vocab_size=30, d_model=8, d_ff=16, num_heads=2, encoder_layers=1, decoder_layers=1)
-    states = []
-    for step in (3, 20, 100):
-        torch.manual_seed(step)
-        model = VaswaniForConditionalGeneration(config)
-        model.save_pretrained(tmp_path / f"checkpoint-{step}")
-        states.append(model.state_dict())
+    states = list(save_random_checkpoints(tmp_path, (3, 20, 100)).values())
     main(["average", "--checkpoint-dir", str(tmp_path), "--last", "2", "--output", str(tmp_path / "avg")])
     averaged = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "avg").state_dict()
     for name in averaged:

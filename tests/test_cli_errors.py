@@ -11,30 +11,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import refused
+from tiny import SMALLEST_MODEL, save_random_checkpoints, save_untrained_folder
 
 import hf_vaswani.cli
-import hf_vaswani.inference
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
+import hf_vaswani.files
+import hf_vaswani.loading
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
-from hf_vaswani.inference import load_model_folder, translate, write_lines
-from hf_vaswani.tokenization import train_shared_bpe
-
-SENTENCES = ["red cat sun", "blue dog moon", "green tree"]
+from hf_vaswani.loading import load_model_folder
+from hf_vaswani.text_io import print_lines
+from hf_vaswani.translation import translate
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
-    """A randomly initialised tiny model and its tokenizer, saved as a model folder: what loads, not what translates."""
-    tokenizer = train_shared_bpe(SENTENCES + [s.upper() for s in SENTENCES], vocab_size=270, min_frequency=1)
-    torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer), d_model=24, d_ff=40, num_heads=3, d_k=6, d_v=10, encoder_layers=2, decoder_layers=2
-    )
-    model = VaswaniForConditionalGeneration(config)
-    model.generation_config.max_new_tokens = 3  # random weights: keep every decoding short
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    save_model_folder(model, tokenizer, folder)
-    return folder
+    return save_untrained_folder(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture
@@ -50,20 +42,6 @@ def edit_json(path: Path, **changes) -> None:
 def marker_code(marker: Path) -> str:
     """Python that leaves `marker` behind when imported: proof that a folder's code ran."""
     return f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
-
-
-def refused(capfd, argv: list[str], *named: str) -> str:
-    """Run `vaswani ARGV`, which must stop with exit code 2 and one line on stderr naming each of `named`."""
-    capfd.readouterr()  # what the test's own set-up printed
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    assert stopped.value.code == 2
-    error = capfd.readouterr().err
-    assert error.startswith(f"vaswani {argv[0]}: error: ") and error.count("\n") == 1, error
-    assert "Traceback" not in error
-    for name in named:
-        assert name in error, (name, error)
-    return error
 
 
 def run_command(*argv: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -175,7 +153,7 @@ def test_output_and_input_paths_are_checked_before_loading(tiny_folder, tmp_path
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the paths were checked")
 
-    monkeypatch.setattr(hf_vaswani.inference, "load_model_folder", no_loading)
+    monkeypatch.setattr(hf_vaswani.loading, "load_model_folder", no_loading)
     (tmp_path / "in.txt").write_text("red cat\n")
     given_input = ["--input", str(tmp_path / "in.txt")]
     model = str(tiny_folder)
@@ -206,7 +184,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_partial_file(tiny_fol
         target.write("half\n")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(hf_vaswani.inference, "write_lines", write_half_then_fail)
+    monkeypatch.setattr(hf_vaswani.files, "print_lines", write_half_then_fail)
     with pytest.raises(SystemExit):
         main(["translate", str(tiny_folder), "--input", str(tmp_path / "in.txt"), "--output", str(output)])
     assert output.read_text() == "old translations\n"
@@ -223,21 +201,13 @@ def test_translations_replace_the_output_file_whole(tiny_folder, tmp_path) -> No
 
 
 def _umask() -> int:
-    return hf_vaswani.inference.current_umask()
-
-
-def checkpoints(folder: Path) -> list[Path]:
-    config = VaswaniConfig(vocab_size=30, d_model=8, d_ff=16, num_heads=2, encoder_layers=1, decoder_layers=1)
-    paths = []
-    for step in (1, 2):
-        torch.manual_seed(step)
-        VaswaniForConditionalGeneration(config).save_pretrained(folder / f"checkpoint-{step}")
-        paths.append(folder / f"checkpoint-{step}")
-    return paths
+    umask = os.umask(0)  # reading the mask means setting it
+    os.umask(umask)
+    return umask
 
 
 def test_average_refuses_an_existing_output_and_missing_or_damaged_checkpoints(tmp_path, capfd) -> None:
-    first, second = checkpoints(tmp_path / "run")
+    first, second = save_random_checkpoints(tmp_path / "run", (1, 2))
     existing = tmp_path / "averaged"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
@@ -255,9 +225,10 @@ def test_average_refuses_an_existing_output_and_missing_or_damaged_checkpoints(t
 
 
 def test_average_writes_a_complete_folder(tmp_path, capfd) -> None:
-    first, second = checkpoints(tmp_path / "run")
+    first, second = save_random_checkpoints(tmp_path / "run", (1, 2))
     main(["average", str(first), str(second), "--output", str(tmp_path / "averaged")])
-    assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "averaged").config.d_model == 8
+    averaged = VaswaniForConditionalGeneration.from_pretrained(tmp_path / "averaged")
+    assert averaged.config.d_model == SMALLEST_MODEL["d_model"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "run"]
 
 
@@ -277,7 +248,7 @@ def test_only_newline_ends_a_line(tiny_folder, tmp_path) -> None:
 def test_line_separators_inside_a_translation_become_spaces(tmp_path) -> None:
     path = tmp_path / "out.txt"
     with open(path, "w", encoding="utf-8", newline="\n") as target:
-        write_lines(["a\rb", "c\u2028d\x0be", "f\ng"], target)
+        print_lines(["a\rb", "c\u2028d\x0be", "f\ng"], target)
     assert path.read_bytes().decode().split("\n") == ["a b", "c d e", "f g", ""]
 
 
@@ -309,7 +280,7 @@ def test_a_string_instead_of_a_list_is_refused(tiny_folder) -> None:
     ],
 )
 def test_bad_generation_values_are_refused_up_front(tiny_folder, capfd, monkeypatch, options, named) -> None:
-    monkeypatch.setattr(hf_vaswani.inference, "load_model_folder", None)  # loading would be a TypeError: a traceback
+    monkeypatch.setattr(hf_vaswani.loading, "load_model_folder", None)  # loading would be a TypeError: a traceback
     refused(capfd, ["translate", str(tiny_folder), *options], named)
 
 

@@ -1,13 +1,16 @@
 """Config validation, the paper's presets and their parameter counts (Table 3), and Auto-class registration."""
 
+import json
 import re
 
 import pytest
 import torch
+from tiny import SMALLEST_MODEL
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from hf_vaswani.configuration_vaswani import RETIRED_KEYS
 
 
 @pytest.mark.parametrize(
@@ -87,6 +90,15 @@ def test_keys_that_transformers_passes_or_saves_are_accepted(tmp_path) -> None:
     assert loaded.config.to_diff_dict() == AutoConfig.from_pretrained(tmp_path).to_diff_dict()
 
 
+def test_retired_keys_of_saved_configs_are_dropped(tmp_path) -> None:
+    VaswaniConfig(num_heads=2, d_model=16, vocab_size=40).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not RETIRED_KEYS & saved.keys()
+    (tmp_path / "config.json").write_text(json.dumps(saved | dict.fromkeys(RETIRED_KEYS, True)))
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert loaded.d_model == 16 and not any(hasattr(loaded, key) for key in RETIRED_KEYS)
+
+
 def test_d_k_and_d_v_are_free_when_given() -> None:
     config = VaswaniConfig(d_model=500, num_heads=8, d_k=16, d_v=64)  # 500 is not divisible by 8: fine with d_k, d_v
     assert (config.d_k, config.d_v) == (16, 64)
@@ -138,7 +150,7 @@ def test_parameter_counts_reproduce_table_3() -> None:
 
 
 def test_auto_classes_resolve_to_vaswani(tmp_path) -> None:
-    config = VaswaniConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, encoder_layers=1, decoder_layers=1)
+    config = VaswaniConfig(**SMALLEST_MODEL)
     assert type(AutoConfig.for_model("vaswani")) is VaswaniConfig
     assert type(AutoModel.from_config(config)) is VaswaniModel
     model = AutoModelForSeq2SeqLM.from_config(config)

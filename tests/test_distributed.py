@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reversal_pairs
+from tiny import capitalised_pairs
 
 SCRIPT = Path(__file__).with_name("tiny_training_run.py")
 ACCELERATE_2_CPU_PROCESSES = [
@@ -31,7 +31,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "pairs.tsv"
-    path.write_text("".join(f"{source}\t{target}\n" for source, target in reversal_pairs(96, seed=3)))
+    path.write_text("".join(f"{source}\t{target}\n" for source, target in capitalised_pairs(96, seed=3)))
     return path
 
 

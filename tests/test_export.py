@@ -5,12 +5,13 @@ import json
 
 import pytest
 import torch
-from helpers import PROBE_SENTENCES
+from helpers import refused
+from tiny import PROBE_SENTENCES, UNEVEN_MODEL, random_model
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
+from hf_vaswani import VaswaniForConditionalGeneration, save_model_folder
 from hf_vaswani.cli import main
 from hf_vaswani.export import export_ctranslate2, to_marian, write_ctranslate2
-from hf_vaswani.inference import load_model_folder
+from hf_vaswani.loading import load_model_folder
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -107,12 +108,9 @@ VARIANTS = {
 }
 
 
-def random_model(**overrides) -> VaswaniForConditionalGeneration:
-    torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=300, d_model=32, d_ff=48, num_heads=4, encoder_layers=2, decoder_layers=3, **overrides
-    )
-    model = VaswaniForConditionalGeneration(config).eval()
+def perturbed_model(**overrides) -> VaswaniForConditionalGeneration:
+    """An untrained UNEVEN_MODEL over a vocabulary of 300, every weight moved off its initial value."""
+    model = random_model(0, UNEVEN_MODEL, vocab_size=300, **overrides)
     with torch.no_grad():
         for parameter in model.parameters():  # larger, non-zero weights (biases and LayerNorms included)
             parameter.add_(torch.randn_like(parameter) * 0.3)
@@ -126,7 +124,7 @@ def logit_tolerance(logits: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("overrides", VARIANTS.values(), ids=VARIANTS.keys())
 def test_to_marian_gives_our_logits(overrides):
-    model = random_model(**overrides)
+    model = perturbed_model(**overrides)
     marian = to_marian(model).eval()
     input_ids = torch.randint(3, 300, (3, 9), generator=torch.Generator().manual_seed(1))
     attention_mask = torch.ones_like(input_ids)
@@ -156,7 +154,7 @@ def word_tokenizer(size: int):
 @pytest.mark.parametrize("overrides", VARIANTS.values(), ids=VARIANTS.keys())
 def test_ctranslate2_scores_equal_our_log_probabilities(overrides, tmp_path):
     """Forced decoding compares every position's distribution, free of greedy near-ties on random weights."""
-    model = random_model(**overrides)
+    model = perturbed_model(**overrides)
     tokenizer = word_tokenizer(300)
     output = write_ctranslate2(model, tokenizer, tmp_path / "ct2")
     generator = torch.Generator().manual_seed(3)
@@ -187,20 +185,20 @@ REFUSALS = {
 @pytest.mark.parametrize(("named", "overrides"), REFUSALS.items(), ids=REFUSALS.keys())
 def test_inexpressible_models_are_refused_by_name(named, overrides):
     with pytest.raises(ValueError, match="cannot export") as refused:
-        to_marian(random_model(**overrides))
+        to_marian(perturbed_model(**overrides))
     assert named in str(refused.value)
 
 
 def test_other_vocabularies_are_refused(tmp_path):
     with pytest.raises(ValueError, match="source_vocab_size=200 != vocab_size=300"):
-        write_ctranslate2(random_model(share_embeddings=False, source_vocab_size=200), word_tokenizer(300), tmp_path)
+        write_ctranslate2(perturbed_model(share_embeddings=False, source_vocab_size=200), word_tokenizer(300), tmp_path)
     with pytest.raises(ValueError, match="the tokenizer has 290 distinct tokens"):
-        write_ctranslate2(random_model(), word_tokenizer(290), tmp_path)
+        write_ctranslate2(perturbed_model(), word_tokenizer(290), tmp_path)
     with pytest.raises(ValueError, match="quantization must be one of"):
-        write_ctranslate2(random_model(), word_tokenizer(300), tmp_path, quantization="int4")
+        write_ctranslate2(perturbed_model(), word_tokenizer(300), tmp_path, quantization="int4")
     (tmp_path / "kept.txt").write_text("")
     with pytest.raises(ValueError, match="already exists"):
-        write_ctranslate2(random_model(), word_tokenizer(300), tmp_path)
+        write_ctranslate2(perturbed_model(), word_tokenizer(300), tmp_path)
 
 
 def test_cli_exports_and_refuses_in_one_line(trained, tmp_path, capfd):
@@ -212,16 +210,12 @@ def test_cli_exports_and_refuses_in_one_line(trained, tmp_path, capfd):
     assert (tmp_path / "out" / "model.bin").is_file() and (tmp_path / "out" / "tokenizer.json").is_file()
 
     learned = tmp_path / "learned"
-    save_model_folder(random_model(positional_encoding="learned"), word_tokenizer(300), learned)
+    save_model_folder(perturbed_model(positional_encoding="learned"), word_tokenizer(300), learned)
     capfd.readouterr()  # what saving printed (a progress bar)
     for argv, named in (
         (["export", "--to", "ctranslate2", str(learned), str(tmp_path / "new")], "positional_encoding='learned'"),
         (["export", "--to", "ctranslate2", str(folder), str(tmp_path / "out")], "already exists"),
         (["export", "--to", "ctranslate2", str(folder), str(tmp_path / "q"), "--quantization", "int4"], "int4"),
     ):
-        with pytest.raises(SystemExit) as stopped:
-            main(argv)
-        assert stopped.value.code == 2
-        error = capfd.readouterr().err
-        assert error.startswith("vaswani export: error: ") and error.count("\n") == 1 and named in error, error
+        refused(capfd, argv, named)
     assert not (tmp_path / "new").exists() and not (tmp_path / "q").exists()

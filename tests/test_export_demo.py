@@ -1,4 +1,4 @@
-"""Issue 17's export criterion on a real trained model, the demo's: on its held-out test sentences, CTranslate2's fp32
+"""The export on a real trained model, the demo's: on its held-out test sentences, CTranslate2's fp32
 greedy output equals ours token for token, its beam search with the options `vaswani export` prints agrees with ours,
 and its int8 model loses less than 1 BLEU."""
 
@@ -13,19 +13,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_vaswani.demo_corpus import make_synthetic_corpus
 from hf_vaswani.export import decoding_note, export_ctranslate2
-from hf_vaswani.inference import length_sorted_batches, load_model_folder, translate
+from hf_vaswani.loading import load_model_folder
 from hf_vaswani.metrics import corpus_scores
-from hf_vaswani.recipe import DEMO_SETTINGS, run_recipe
+from hf_vaswani.recipe import run_recipe
+from hf_vaswani.settings import DEMO_SETTINGS
+from hf_vaswani.translation import length_sorted_batches, translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 not installed: pip install 'hf_vaswani[export]'")
 
-# The demo's model (architecture, 2000-token BPE vocabulary, corpus and seed, label smoothing, warmup, last-5 checkpoint
-# averaging, decoding), trained on a schedule that fits the default test suite: the demo's own schedule (1500 steps of
-# 2048 tokens, ~6 min) reaches only sacreBLEU ~16-47 after the 300-400 steps that fit in 90 s. More, smaller batches
-# learn faster per second; Eq. 3 scaled by 0.8 keeps them from collapsing into a unigram model (768 tokens at the
-# full rate, and shorter warmups, did: BLEU < 3); dropout, a regulariser for long runs, only slows a short one. Measured
-# on an AMD EPYC, one torch thread (as conftest sets): training 94 s, test sacreBLEU 80.5 with the paper's beam search
-# (CI's second pass, MKL's compatible code path: 180 s, 77.5).
+# The demo's model, corpus and decoding on a schedule that fits the default suite (a minute or two): more, smaller
+# batches learn faster per second than the demo's; Eq. 3 x 0.8 keeps them from collapsing into a unigram model; no
+# dropout, a regulariser for long runs that only slows a short one.
 SETTINGS = replace(
     DEMO_SETTINGS,
     model_overrides={**DEMO_SETTINGS.model_overrides, "dropout": 0.0},
@@ -34,9 +32,8 @@ SETTINGS = replace(
     max_steps=550,
     save_steps=25,  # the last 5 checkpoints, averaged, span the last 100 steps (the demo's: the last 400 of 1500)
 )
-# A translator, not a collapsed run (those score < 5): the fixture refuses a model below this test sacreBLEU. The run
-# ends where BLEU still climbs fast, so another CPU's float trajectory lands elsewhere on the climb (71-84 with beam
-# search over the seeds, thread counts and kernel selections tried).
+# A translator, not a collapsed run (those score < 5). The run ends where BLEU still climbs fast, so each CPU's float
+# trajectory lands elsewhere on the climb: the bound sits well below all of them.
 REAL_TRANSLATOR_BLEU = 50.0
 # The greedy comparison's absolute length limit (CTranslate2's default max_decoding_length), with our source length + 50
 # cap off: the purest comparison (the cap forces </s> where CTranslate2 just stops; beam search emulates the cap below).
@@ -46,26 +43,19 @@ BATCH_SIZE = 100
 # The two implementations' log-probabilities of the same tokens differ by fp32 rounding (asserted below to be under a
 # tenth of this), so a greedy step can only go another way where our top-1 and top-2 logits are closer than this.
 NEAR_TIE = 1e-3
-# Such near-ties are rare: over the ~10^4 greedy steps here the smallest top-2 gap measured 1.4e-4 to 2e-3 on three
-# trained models, so a gap small enough to flip (~2e-5, twice the discrepancy) comes up in about one run of ten at most.
+# A top-2 gap small enough to flip (~2e-5, twice the discrepancy) is rare among the ~10^4 greedy steps here.
 MAX_NEAR_TIE_SENTENCES = 3
 # Beam search with the same scoring rule (transformers' score / length^alpha) picks the same hypothesis unless two of
-# them tie to fp32 rounding: measured 500/500 identical; 1% leaves room for such ties.
+# them tie to fp32 rounding: 1% leaves room for such ties.
 SAME_RULE_IDENTICAL = 0.99
 # Against our own decoding, the paper's GNMT penalty, which CTranslate2 lacks, is given as its length^alpha with the
-# same alpha (the export's note): outputs differ where hypotheses of different lengths are close in score, measured on
-# 3-7 of 500 sentences on five trained models. The tolerance allows 3x as many. What those few sentences do to BLEU
-# depends on the model, not on the export: 0.05-0.15 apart on four models, 1.81 on a fifth (CI's AVX2 pass after
-# training's products moved to the kernel measured fastest: 7 long outputs of the half-trained model, where the
-# GNMT penalty keeps the longer hypothesis), so BLEU is asserted for each decoding on its own (a real translator).
+# same alpha (the export's note): outputs differ where hypotheses of different lengths are close in score, on about 1%
+# of sentences (4% leaves room). What those few, often long, outputs do to BLEU depends on the model, not on the
+# export, so BLEU is asserted for each decoding on its own (a real translator).
 PAPER_IDENTICAL = 0.96
-# Issue 17's bound, where CTranslate2's int8 products sum exactly (VNNI). fp32 minus int8 BLEU measured on four models
-# trained like this: -0.2 to 0.4 there; the demo's fully trained model (1500 steps) differs by at most 0.2. Where the
-# int8 library is held below VNNI (oneDNN by ONEDNN_MAX_CPU_ISA=AVX2, as in CI's second pass; MKL, which CTranslate2
-# takes on Intel CPUs, by MKL_CBWR), u8 x s8 pairs are summed in saturating int16 (vpmaddubsw): that arithmetic changed
-# 20% of this half-trained model's beam outputs on an Intel Xeon with MKL_CBWR=AVX2 (4% with VNNI) and moved BLEU by
-# up to 2.1 either way on the models tried: a property of CTranslate2's arithmetic, not of the export, so there the
-# int8 model is asserted to be a real translator.
+# The export's int8 bound, where CTranslate2's int8 products sum exactly (VNNI). Where its int8 library is held below
+# VNNI (oneDNN by ONEDNN_MAX_CPU_ISA, MKL by MKL_CBWR), u8 x s8 pairs sum in saturating int16 (vpmaddubsw), which moves
+# BLEU by a few points either way: CTranslate2's arithmetic, not the export's, so there int8 must be a real translator.
 INT8_BLEU_TOLERANCE = 1.0
 
 

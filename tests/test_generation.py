@@ -8,10 +8,12 @@ import sys
 
 import pytest
 import torch
-from helpers import DECODING_PATHS, PROBE_SENTENCES, run_without_hf_vaswani
+from helpers import DECODING_PATHS, run_without_hf_vaswani
+from tiny import PROBE_SENTENCES, SENTENCES_TESTS_TRANSLATE, random_model
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    GenerationConfig,
     GenerationMixin,
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -22,9 +24,11 @@ from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
 )
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as transformers_logging
 
 import hf_vaswani  # noqa: F401
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 from hf_vaswani.generation_vaswani import (
     BannedColumnsLogitsProcessor,
@@ -35,22 +39,10 @@ from hf_vaswani.generation_vaswani import (
 EOS = 2
 
 
-def random_model(seed: int, vocab_size: int = 6, **overrides) -> VaswaniForConditionalGeneration:
+def peaked_model(seed: int, vocab_size: int = 6, **overrides) -> VaswaniForConditionalGeneration:
     """Untrained, with an untied output layer scaled up so that next-token distributions are far from uniform."""
-    torch.manual_seed(seed)
-    config = VaswaniConfig(
-        vocab_size=vocab_size,
-        d_model=16,
-        d_ff=32,
-        num_heads=2,
-        encoder_layers=1,
-        decoder_layers=1,
-        dropout=0.0,
-        share_embeddings=False,
-        tie_word_embeddings=False,
-        **overrides,
-    )
-    model = VaswaniForConditionalGeneration(config).eval()
+    untied = dict(share_embeddings=False, tie_word_embeddings=False)
+    model = random_model(seed, vocab_size=vocab_size, **untied, **overrides)
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)
     return model
@@ -100,7 +92,7 @@ def test_beam_search_picks_what_the_gnmt_formula_picks_including_where_transform
     max_new = 3
     disagreements = 0
     for seed, eos_boost, alpha in [(4, 4.0, 1.0), (5, 1.0, 1.0), (0, 0.0, 0.6), (1, 2.0, 0.6), (2, 3.0, 0.6)]:
-        model = random_model(seed)
+        model = peaked_model(seed)
         offset_eos_logit(model, eos_boost)  # makes stopping early a real contender
         source = torch.tensor([[3, 4, 5, EOS]])
         scores = exhaustive_scores(model, source, max_new, alpha)
@@ -123,8 +115,39 @@ def test_beam_search_picks_what_the_gnmt_formula_picks_including_where_transform
     assert disagreements >= 1, "no case where the two penalties choose differently: the test would prove nothing"
 
 
+def test_the_gnmt_penalty_of_a_call_comes_from_its_argument_its_generation_config_or_the_models() -> None:
+    """Each way a call can set alpha gives GNMT's score (§6.1) of the formula's best output, and `generate` leaves
+    nothing on the model: the penalty's form travels with the call."""
+    model = peaked_model(1)
+    offset_eos_logit(model, 2.0)
+    source = torch.tensor([[3, 4, 5, EOS]])
+    gnmt_best, _ = best(scores := exhaustive_scores(model, source, 3, 0.6), "gnmt")
+    search = dict(num_beams=5**3, max_new_tokens=3, early_stopping="never", do_sample=False)
+    returned = dict(output_scores=True, return_dict_in_generate=True, max_new_tokens_over_source=None)
+    attributes = set(vars(model))
+    outputs = [model.generate(source, length_penalty=0.6, **search, **returned)]
+    outputs.append(model.generate(source, generation_config=GenerationConfig(length_penalty=0.6, **search, **returned)))
+    model.generation_config.length_penalty = 0.6
+    outputs.append(model.generate(source, **search, **returned))
+    for out in outputs:
+        assert strip(out.sequences[0]) == gnmt_best
+        assert out.sequences_scores[0].item() == pytest.approx(scores[gnmt_best]["gnmt"], rel=1e-4)
+    assert set(vars(model)) == attributes
+    assert model.generation_config.length_penalty == 0.6 and type(model.generation_config.length_penalty) is float
+
+
+def test_greedy_decoding_with_the_papers_config_does_not_warn_about_its_length_penalty() -> None:
+    """The GNMT penalty is handed on only to beam search: transformers warns of a length penalty set for greedy."""
+    model = peaked_model(0, vocab_size=20)
+    model.generation_config = paper_generation_config(model.config)  # beam 4, alpha 0.6
+    transformers_logging.warning_once.cache_clear()  # the warning is logged once per process
+    with CaptureLogger(transformers_logging.get_logger("transformers.generation.configuration_utils")) as captured:
+        model.generate(torch.tensor([[5, 6, EOS]]), num_beams=1, max_new_tokens=3)
+    assert "length_penalty" not in captured.out
+
+
 def test_each_sentence_stops_at_its_own_source_length_plus_50() -> None:
-    model = random_model(0, vocab_size=20)
+    model = peaked_model(0, vocab_size=20)
     model.generation_config = paper_generation_config(model.config)  # as `vaswani train` gives its models
     offset_eos_logit(model, -1000.0)  # never ends on its own
     assert model.generation_config.max_new_tokens_over_source == 50
@@ -138,7 +161,7 @@ def test_each_sentence_stops_at_its_own_source_length_plus_50() -> None:
 
 
 def test_the_papers_generation_config_is_saved_and_loaded(tmp_path) -> None:
-    model = random_model(0)
+    model = peaked_model(0)
     model.generation_config = paper_generation_config(model.config)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "generation_config.json").read_text())
@@ -153,9 +176,9 @@ def capitaliser(trained_folder):
 
 
 # The trained fixture is checked to translate these, and every sentence this file translates, to their capitals
-# (helpers.SENTENCES_TESTS_TRANSLATE): the literal translations below are that checked property, not the outcome of one
+# (tiny.SENTENCES_TESTS_TRANSLATE): the literal translations below are that checked property, not the outcome of one
 # machine's training run.
-SENTENCES = ["red cat sun", "blue dog moon tree", "green tree"]
+SENTENCES = SENTENCES_TESTS_TRANSLATE[:3]
 
 
 def test_trained_model_translates_with_every_decoding_path(capitaliser) -> None:
@@ -365,7 +388,7 @@ def test_banned_columns_processor_leaves_what_it_cannot_do_to_transformers() -> 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_banned_tokens_and_minimum_lengths_decode_as_with_transformers_processors(num_beams: int, monkeypatch) -> None:
     """`bad_words_ids`, `min_new_tokens`, `min_length` give the outputs and scores of transformers' own processors."""
-    model = random_model(3, vocab_size=9)
+    model = peaked_model(3, vocab_size=9)
     offset_eos_logit(model, 3.0)  # </s> likely at every step: the minimum decides the lengths
     source = torch.tensor([[3, 4, 5, 6], [6, 5, 4, 3]])
     options = dict(num_beams=num_beams, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)

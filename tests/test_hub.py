@@ -6,19 +6,19 @@ import pytest
 import torch
 from helpers import run_without_hf_vaswani
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
+from tiny import save_untrained_folder
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 from hf_vaswani.hub import upload_plan
-from hf_vaswani.recipe import RecipeSettings, write_model_card
-from hf_vaswani.tokenization import train_shared_bpe
+from hf_vaswani.model_card import write_model_card
+from hf_vaswani.settings import RecipeSettings
 
 PUBLISHED = {
     "README.md",
     "checks_vaswani.py",
     "config.json",
     "configuration_vaswani.py",
-    "fast_paths_vaswani.py",
     "generation_config.json",
     "generation_vaswani.py",
     "loss_vaswani.py",
@@ -101,12 +101,7 @@ def test_pickled_weights_or_incomplete_folders_are_refused(publishable) -> None:
 @pytest.fixture
 def untrained_folder(tmp_path):
     """A complete model folder of an untrained tiny model: the plan's checks need no trained weights."""
-    tokenizer = train_shared_bpe(["red cat sun", "green tree"] * 5, vocab_size=270, min_frequency=1)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer), d_model=16, d_ff=32, num_heads=2, encoder_layers=1, decoder_layers=1
-    )
-    folder = tmp_path / "untrained"
-    save_model_folder(VaswaniForConditionalGeneration(config), tokenizer, folder)
+    folder = save_untrained_folder(tmp_path / "untrained")
     (folder / "README.md").write_text("a model card")
     return folder
 

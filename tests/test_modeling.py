@@ -4,12 +4,15 @@ import math
 
 import pytest
 import torch
+from tiny import TINY_MODEL, UNEVEN_MODEL
 from torch import nn
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 from hf_vaswani.loss_vaswani import ProjectedLabelSmoothedLoss
 from hf_vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+
+VOCAB_SIZE = TINY_MODEL["vocab_size"]
 
 
 def make_model(attn_implementation: str = "sdpa", seed: int = 0, **kwargs) -> VaswaniForConditionalGeneration:
@@ -81,16 +84,7 @@ def reference_transformer(model: VaswaniModel, config: VaswaniConfig) -> nn.Tran
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_stacks_equal_torch_nn_transformer(attn_implementation: str) -> None:
-    model = make_model(
-        attn_implementation,
-        vocab_size=53,
-        d_model=32,
-        d_ff=48,
-        num_heads=4,
-        encoder_layers=2,
-        decoder_layers=3,
-        dropout=0.0,
-    )
+    model = make_model(attn_implementation, **UNEVEN_MODEL)
     config = model.config
     # Non-trivial LayerNorm parameters and biases, so that a mis-wired norm or bias cannot go unnoticed.
     with torch.no_grad():
@@ -143,22 +137,22 @@ def test_positional_encoding_is_the_papers_interleaved_formula() -> None:
     torch.testing.assert_close(computed.double(), expected, atol=1e-5, rtol=0)
 
 
-def test_embeddings_are_scaled_by_sqrt_d_model_and_add_positions(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
+def test_embeddings_are_scaled_by_sqrt_d_model_and_add_positions() -> None:
+    model = make_model(**TINY_MODEL)
     ids = torch.tensor([[5, 9, 17, 4]])
     table = model.model.encoder.embeddings.embed_tokens.weight
     positions = VaswaniSinusoidalPositionalEncoding(model.config.d_model)(torch.arange(4))
     expected = table[ids] * math.sqrt(model.config.d_model) + positions
     torch.testing.assert_close(model.model.encoder.embeddings(ids, None), expected)
-    unscaled = make_model(**tiny_config_kwargs, scale_embedding=False)
+    unscaled = make_model(**TINY_MODEL, scale_embedding=False)
     torch.testing.assert_close(
         unscaled.model.encoder.embeddings(ids, None),
         unscaled.model.encoder.embeddings.embed_tokens.weight[ids] + positions,
     )
 
 
-def test_hidden_states_zero_is_the_embedding_output(tiny_config_kwargs: dict) -> None:
-    model = make_model("eager", **tiny_config_kwargs)
+def test_hidden_states_zero_is_the_embedding_output() -> None:
+    model = make_model("eager", **TINY_MODEL)
     source, mask = padded_batch(model.config.vocab_size, [6, 3])
     target, _ = padded_batch(model.config.vocab_size, [4, 4], seed=3)
     out = model(
@@ -184,15 +178,15 @@ def test_hidden_states_zero_is_the_embedding_output(tiny_config_kwargs: dict) ->
     torch.testing.assert_close(out.cross_attentions[1].sum(-1), torch.ones(2, heads, 4))
 
 
-def test_sinusoidal_model_accepts_lengths_beyond_max_position_embeddings(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs, max_position_embeddings=8)
+def test_sinusoidal_model_accepts_lengths_beyond_max_position_embeddings() -> None:
+    model = make_model(**TINY_MODEL, max_position_embeddings=8)
     source, mask = padded_batch(model.config.vocab_size, [40])
     logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=source).logits
     assert logits.shape == (1, 40, model.config.vocab_size) and torch.isfinite(logits).all()
 
 
-def test_learned_positions_are_trainable_and_refuse_overlong_input(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs, positional_encoding="learned", max_position_embeddings=8)
+def test_learned_positions_are_trainable_and_refuse_overlong_input() -> None:
+    model = make_model(**TINY_MODEL, positional_encoding="learned", max_position_embeddings=8)
     assert isinstance(model.model.encoder.embeddings.positions, nn.Embedding)
     source, mask = padded_batch(model.config.vocab_size, [8])
     model(input_ids=source, attention_mask=mask, decoder_input_ids=source)
@@ -273,17 +267,15 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize(("inputs", "message"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
-def test_inconsistent_inputs_are_refused_naming_the_shapes(
-    tiny_config_kwargs: dict, inputs: dict, message: str
-) -> None:
-    model = make_model(**tiny_config_kwargs).train()
+def test_inconsistent_inputs_are_refused_naming_the_shapes(inputs: dict, message: str) -> None:
+    model = make_model(**TINY_MODEL).train()
     with pytest.raises(ValueError, match=message):
         model(**inputs)
 
 
-def test_encoder_outputs_admit_a_multiple_of_their_batch_only(tiny_config_kwargs: dict) -> None:
+def test_encoder_outputs_admit_a_multiple_of_their_batch_only() -> None:
     # While generating, the beams of each sentence share its encoder states: 2 sentences x 3 beams
-    model = make_model(**tiny_config_kwargs)
+    model = make_model(**TINY_MODEL)
     source, mask = padded_batch(model.config.vocab_size, [7, 4])
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=mask)
     shared = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=ids(6, 5)).logits
@@ -299,16 +291,16 @@ def test_encoder_outputs_admit_a_multiple_of_their_batch_only(tiny_config_kwargs
         model(encoder_outputs=encoder_outputs, attention_mask=mask.repeat(3, 1), decoder_input_ids=ids(6, 5))
 
 
-def test_generate_refuses_ids_outside_the_vocabulary(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
+def test_generate_refuses_ids_outside_the_vocabulary() -> None:
+    model = make_model(**TINY_MODEL)
     with pytest.raises(ValueError, match=r"input_ids holds id 70, outside the vocabulary \[0, 61\)"):
         model.generate(ids(2, 7, value=70), max_new_tokens=3)
     generated = model.generate(ids(2, 7), num_beams=3, num_return_sequences=2, max_new_tokens=3)
     assert generated.shape[0] == 4
 
 
-def test_base_model_refuses_inconsistent_batches(tiny_config_kwargs: dict) -> None:
-    model = VaswaniModel(VaswaniConfig(**tiny_config_kwargs)).eval()
+def test_base_model_refuses_inconsistent_batches() -> None:
+    model = VaswaniModel(VaswaniConfig(**TINY_MODEL)).eval()
     with pytest.raises(ValueError, match=r"decoder input shape \(4, 5\) and source shape \(2, 7\)"):
         model(input_ids=ids(2, 7), decoder_input_ids=ids(4, 5))
 
@@ -316,8 +308,8 @@ def test_base_model_refuses_inconsistent_batches(tiny_config_kwargs: dict) -> No
 # --- weight sharing (§3.4) -------------------------------------------------------------------------------------------
 
 
-def test_three_way_tied_weights_survive_save_and_load(tmp_path, tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
+def test_three_way_tied_weights_survive_save_and_load(tmp_path) -> None:
+    model = make_model(**TINY_MODEL)
     model.save_pretrained(tmp_path)
     loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
     embeddings = (
@@ -337,8 +329,8 @@ def test_three_way_tied_weights_survive_save_and_load(tmp_path, tiny_config_kwar
 
 
 @pytest.mark.parametrize(("share", "tie"), [(False, True), (True, False), (False, False)])
-def test_sharing_switches_are_independent(tmp_path, tiny_config_kwargs: dict, share: bool, tie: bool) -> None:
-    model = make_model(**tiny_config_kwargs, share_embeddings=share, tie_word_embeddings=tie)
+def test_sharing_switches_are_independent(tmp_path, share: bool, tie: bool) -> None:
+    model = make_model(**TINY_MODEL, share_embeddings=share, tie_word_embeddings=tie)
     model.save_pretrained(tmp_path)
     loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
     encoder = loaded.model.encoder.embeddings.embed_tokens.weight
@@ -353,21 +345,21 @@ def test_sharing_switches_are_independent(tmp_path, tiny_config_kwargs: dict, sh
 
 
 def padded_pair_batch() -> dict[str, torch.Tensor]:
-    """Three source/target pairs of different lengths, right-padded, for the vocabulary of tiny_config_kwargs."""
-    source, source_mask = padded_batch(61, [9, 2, 5])
-    target, target_mask = padded_batch(61, [6, 3, 6], seed=4)
+    """Three source/target pairs of different lengths, right-padded, for the vocabulary of TINY_MODEL."""
+    source, source_mask = padded_batch(VOCAB_SIZE, [9, 2, 5])
+    target, target_mask = padded_batch(VOCAB_SIZE, [6, 3, 6], seed=4)
     return dict(
         input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
     )
 
 
-def test_eager_and_sdpa_agree(tiny_config_kwargs: dict) -> None:
-    eager, sdpa = make_model("eager", **tiny_config_kwargs), make_model("sdpa", **tiny_config_kwargs)
+def test_eager_and_sdpa_agree() -> None:
+    eager, sdpa = make_model("eager", **TINY_MODEL), make_model("sdpa", **TINY_MODEL)
     inputs = padded_pair_batch()
     torch.testing.assert_close(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5, rtol=1e-5)
 
 
-def test_a_registered_attention_function_is_used_with_transformers_masks(tiny_config_kwargs: dict) -> None:
+def test_a_registered_attention_function_is_used_with_transformers_masks() -> None:
     """`_supports_attention_backend`: a function registered in transformers' AttentionInterface (as custom kernels
     are) is called by every attention layer with the additive masks it builds, and computes the model's function."""
     from transformers import AttentionInterface
@@ -382,7 +374,7 @@ def test_a_registered_attention_function_is_used_with_transformers_masks(tiny_co
 
     AttentionInterface.register("recording_sdpa", recording_sdpa)
     AttentionMaskInterface.register("recording_sdpa", sdpa_mask)  # a kernel names the masks it takes
-    eager, recorded = make_model("eager", **tiny_config_kwargs), make_model("recording_sdpa", **tiny_config_kwargs)
+    eager, recorded = make_model("eager", **TINY_MODEL), make_model("recording_sdpa", **TINY_MODEL)
     inputs = padded_pair_batch()
     torch.testing.assert_close(recorded(**inputs).logits, eager(**inputs).logits, atol=1e-5, rtol=1e-5)
     config = recorded.config
@@ -391,10 +383,10 @@ def test_a_registered_attention_function_is_used_with_transformers_masks(tiny_co
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
-def test_incremental_decoding_equals_full_recomputation(attn_implementation: str, tiny_config_kwargs: dict) -> None:
-    model = make_model(attn_implementation, **tiny_config_kwargs)
-    source, source_mask = padded_batch(61, [7, 4])
-    target, _ = padded_batch(61, [6, 6], seed=5)
+def test_incremental_decoding_equals_full_recomputation(attn_implementation: str) -> None:
+    model = make_model(attn_implementation, **TINY_MODEL)
+    source, source_mask = padded_batch(VOCAB_SIZE, [7, 4])
+    target, _ = padded_batch(VOCAB_SIZE, [6, 6], seed=5)
     full = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target, use_cache=False).logits
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask)
     cache, steps = None, []
@@ -414,20 +406,20 @@ def test_incremental_decoding_equals_full_recomputation(attn_implementation: str
     assert cache.self_attention_cache.get_seq_length() == target.shape[1]
 
 
-def test_generate_with_and_without_cache_agree(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
-    source, source_mask = padded_batch(61, [7, 4, 5])
+def test_generate_with_and_without_cache_agree() -> None:
+    model = make_model(**TINY_MODEL)
+    source, source_mask = padded_batch(VOCAB_SIZE, [7, 4, 5])
     settings = dict(max_new_tokens=8, num_beams=3, do_sample=False)
     with_cache = model.generate(input_ids=source, attention_mask=source_mask, use_cache=True, **settings)
     without_cache = model.generate(input_ids=source, attention_mask=source_mask, use_cache=False, **settings)
     assert torch.equal(with_cache, without_cache)
 
 
-def test_padded_batch_equals_one_by_one(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
+def test_padded_batch_equals_one_by_one() -> None:
+    model = make_model(**TINY_MODEL)
     lengths = [8, 3, 5]
-    source, source_mask = padded_batch(61, lengths)
-    target, target_mask = padded_batch(61, [4, 6, 2], seed=6)
+    source, source_mask = padded_batch(VOCAB_SIZE, lengths)
+    target, target_mask = padded_batch(VOCAB_SIZE, [4, 6, 2], seed=6)
     batched = model(
         input_ids=source, attention_mask=source_mask, decoder_input_ids=target, decoder_attention_mask=target_mask
     ).logits
@@ -454,12 +446,12 @@ FOUR_LABEL_ROWS = torch.tensor(
 # --- training-time behaviour ------------------------------------------------------------------------------------------
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_config_kwargs: dict) -> None:
-    source, source_mask = padded_batch(61, [7, 4])
-    labels, _ = padded_batch(61, [5, 5], seed=7)
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    source, source_mask = padded_batch(VOCAB_SIZE, [7, 4])
+    labels, _ = padded_batch(VOCAB_SIZE, [5, 5], seed=7)
     grads = []
     for checkpointing in (False, True):
-        model = make_model(**tiny_config_kwargs).train()
+        model = make_model(**TINY_MODEL).train()
         if checkpointing:
             model.activation_checkpointing_enable()
         model(input_ids=source, attention_mask=source_mask, labels=labels).loss.backward()
@@ -469,16 +461,16 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_config_kwargs: dic
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
 
 
-def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs, label_smoothing=0.1)
-    source, source_mask = padded_batch(61, [6, 4])
+def test_label_smoothed_loss_matches_hand_computation() -> None:
+    model = make_model(**TINY_MODEL, label_smoothing=0.1)
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])  # -100 and the padding id are both ignored
     out = model(input_ids=source, attention_mask=source_mask, labels=labels)
     decoder_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
     logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits
     torch.testing.assert_close(out.logits, logits)  # with gradients on too, like any transformers model
     log_probs = logits.detach().double().log_softmax(-1)
-    eps, vocab, total, count = 0.1, 61, 0.0, 0
+    eps, vocab, total, count = 0.1, VOCAB_SIZE, 0.0, 0
     for b in range(2):
         for t in range(4):
             y = int(labels[b, t])
@@ -498,32 +490,34 @@ def test_label_smoothed_loss_matches_hand_computation(tiny_config_kwargs: dict) 
     torch.testing.assert_close(evaluated.loss, out.loss)
 
 
-def test_loss_without_logits_is_an_explicit_choice_with_the_same_loss_and_gradients(tiny_config_kwargs: dict) -> None:
-    source, source_mask = padded_batch(61, [6, 4])
+def test_the_loss_without_logits_is_a_per_call_choice_with_the_same_loss_and_gradients() -> None:
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])
+    model = make_model(**TINY_MODEL, label_smoothing=0.1)
     results = []
-    for loss_without_logits in (False, True):
-        model = make_model(**tiny_config_kwargs, label_smoothing=0.1, loss_without_logits=loss_without_logits)
-        out = model(input_ids=source, attention_mask=source_mask, labels=labels)
+    for return_logits in (True, False):
+        model.zero_grad()
+        out = model(input_ids=source, attention_mask=source_mask, labels=labels, return_logits=return_logits)
         out.loss.backward()
-        results.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (with_logits, grads), (chunked, chunked_grads) = results
     assert with_logits.logits is not None and chunked.logits is None  # the chunked loss never holds all logits
     torch.testing.assert_close(chunked.loss, with_logits.loss)
     assert grads.keys() == chunked_grads.keys()
     for name in grads:
         torch.testing.assert_close(chunked_grads[name], grads[name], msg=name)
-    with torch.no_grad():  # evaluation returns logits either way
-        assert model(input_ids=source, attention_mask=source_mask, labels=labels).logits is not None
+    assert "return_logits" not in model.config.to_dict()  # a call's choice, not the model's
+    with pytest.raises(ValueError, match="needs labels"):
+        model(input_ids=source, attention_mask=source_mask, decoder_input_ids=source, return_logits=False)
 
 
-def test_logits_to_keep_gives_the_last_positions_and_the_same_loss(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
-    source, source_mask = padded_batch(61, [6, 4])
+def test_logits_to_keep_gives_the_last_positions_and_the_same_loss() -> None:
+    model = make_model(**TINY_MODEL)
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])
     full = model(input_ids=source, attention_mask=source_mask, labels=labels)
     last = model(input_ids=source, attention_mask=source_mask, labels=labels, logits_to_keep=1)
-    assert last.logits.shape == (2, 1, 61)
+    assert last.logits.shape == (2, 1, VOCAB_SIZE)
     torch.testing.assert_close(last.logits, full.logits[:, -1:])
     torch.testing.assert_close(last.loss, full.loss)
     picked = model(input_ids=source, attention_mask=source_mask, labels=labels, logits_to_keep=torch.tensor([0, 2]))
@@ -577,9 +571,9 @@ def test_chunked_projected_loss_under_bf16_autocast_matches_torch_cross_entropy(
         torch.testing.assert_close(got, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item(), msg=name)
 
 
-def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch(tiny_config_kwargs: dict) -> None:
-    model = make_model(**tiny_config_kwargs)
-    source, source_mask = padded_batch(61, [6, 4, 7, 3])
+def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch() -> None:
+    model = make_model(**TINY_MODEL)
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4, 7, 3])
     labels = FOUR_LABEL_ROWS
     full = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
     items = int((labels != -100).sum())
@@ -590,10 +584,10 @@ def test_num_items_in_batch_makes_accumulated_loss_equal_the_full_batch(tiny_con
     torch.testing.assert_close(halves, full)
 
 
-def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_config_kwargs: dict) -> None:
+def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path) -> None:
     from transformers import Trainer, TrainingArguments
 
-    source, source_mask = padded_batch(61, [6, 2, 7, 3])
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 2, 7, 3])
     labels = FOUR_LABEL_ROWS
     examples = [dict(input_ids=source[i], attention_mask=source_mask[i], labels=labels[i]) for i in range(4)]
 
@@ -602,7 +596,7 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_con
 
     trained = []
     for batch_size, accumulation in ((4, 1), (2, 2)):
-        model = make_model(**tiny_config_kwargs)
+        model = make_model(**TINY_MODEL)
         args = TrainingArguments(
             output_dir=str(tmp_path / f"run{accumulation}"),
             per_device_train_batch_size=batch_size,
@@ -620,7 +614,7 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, tiny_con
         )
         Trainer(model=model, args=args, train_dataset=examples, data_collator=collate).train()
         trained.append(model.state_dict())
-    initial = make_model(**tiny_config_kwargs).state_dict()
+    initial = make_model(**TINY_MODEL).state_dict()
     assert not torch.allclose(trained[0]["lm_head.weight"], initial["lm_head.weight"])  # a step was really taken
     for name in trained[0]:
         torch.testing.assert_close(trained[1][name], trained[0][name], atol=1e-6, rtol=1e-5, msg=name)

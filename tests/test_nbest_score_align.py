@@ -1,4 +1,4 @@
-"""n-best lists, forced-decoding scores and word alignments (issue 17), each against an independent reference:
+"""n-best lists, forced-decoding scores and word alignments, each against an independent reference:
 exhaustive enumeration, a plain forward pass's log-softmax, and the alignment rule applied by hand to the attention
 weights of a forward pass."""
 
@@ -7,14 +7,18 @@ from itertools import product
 
 import pytest
 import torch
+from helpers import refused
+from tiny import SMALLEST_MODEL, TINY_MODEL, random_model
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
+from hf_vaswani import VaswaniForConditionalGeneration, save_model_folder
+from hf_vaswani.alignment import align_pairs
 from hf_vaswani.cli import main
 from hf_vaswani.generation_vaswani import paper_generation_config
-from hf_vaswani.inference import align_pairs, score_pairs, translate, translate_nbest
+from hf_vaswani.scoring import score_pairs
 from hf_vaswani.tokenization import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, UNK_TOKEN, train_shared_bpe
+from hf_vaswani.translation import translate, translate_nbest
 
 ALPHA = 0.6  # the paper's GNMT alpha, the models' default length penalty
 
@@ -41,20 +45,8 @@ def word_level_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
 def eight_token_model() -> tuple[VaswaniForConditionalGeneration, PreTrainedTokenizerFast]:
     """A random model over a vocabulary of 8 (4 special tokens, 4 words): small enough to enumerate every output."""
     tokenizer = word_level_tokenizer(["a", "b", "c", "d"])
-    torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        d_ff=32,
-        num_heads=2,
-        d_k=8,
-        d_v=8,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-    )
-    model = VaswaniForConditionalGeneration(config).eval()
-    model.generation_config = paper_generation_config(config)  # §6.1 decoding: beam 4, GNMT alpha 0.6
+    model = random_model(0, SMALLEST_MODEL, vocab_size=len(tokenizer), encoder_layers=2, decoder_layers=2)
+    model.generation_config = paper_generation_config(model.config)  # §6.1 decoding: beam 4, GNMT alpha 0.6
     return model, tokenizer
 
 
@@ -172,17 +164,9 @@ def test_scores_equal_a_forward_pass_and_batching_changes_nothing(eight_token_mo
 
 def test_a_target_beyond_the_learned_positions_is_refused(eight_token_model) -> None:
     _, tokenizer = eight_token_model
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        d_ff=32,
-        num_heads=2,
-        encoder_layers=1,
-        decoder_layers=1,
-        positional_encoding="learned",
-        max_position_embeddings=4,
+    model = random_model(
+        0, SMALLEST_MODEL, vocab_size=len(tokenizer), positional_encoding="learned", max_position_embeddings=4
     )
-    model = VaswaniForConditionalGeneration(config).eval()
     assert len(score_pairs(model, tokenizer, ["a b c"], ["a b c"])) == 1  # 4 tokens with </s>: fits exactly
     with pytest.raises(ValueError, match=r"pair 2: the target needs 5 positions .* max_position_embeddings=4"):
         score_pairs(model, tokenizer, ["a", "a"], ["b", "a b c d"])
@@ -192,14 +176,13 @@ def test_a_target_beyond_the_learned_positions_is_refused(eight_token_model) -> 
 
 
 @pytest.fixture
-def subword_model(tiny_config_kwargs) -> tuple[VaswaniForConditionalGeneration, PreTrainedTokenizerFast]:
+def subword_model() -> tuple[VaswaniForConditionalGeneration, PreTrainedTokenizerFast]:
     """A random model with a byte-level BPE so small that most words are several tokens."""
     corpus = ["red cats sunny day", "blueberry dogs", "the moon", "RED CATS SUNNY", "BLUEBERRY DOG", "MOON"] * 5
     tokenizer = train_shared_bpe(corpus, vocab_size=285, min_frequency=1)
-    torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig(**{**tiny_config_kwargs, "vocab_size": len(tokenizer)}))
+    model = random_model(0, TINY_MODEL, vocab_size=len(tokenizer))
     model.generation_config = paper_generation_config(model.config)  # §6.1 decoding: beam 4, GNMT alpha 0.6
-    return model.eval(), tokenizer
+    return model, tokenizer
 
 
 def alignment_by_hand(model, tokenizer, source: str, target: str) -> list[tuple[int, int]]:
@@ -323,8 +306,4 @@ def test_command_errors_are_one_line(model_folder, tmp_path, capsys, arguments, 
     (tmp_path / "source.txt").write_text("red cats\n")
     (tmp_path / "longer.txt").write_text("RED\nCATS\n")
     paths = {"model": model_folder, "source": tmp_path / "source.txt", "longer": tmp_path / "longer.txt"}
-    with pytest.raises(SystemExit) as exit_info:
-        main([argument.format(**paths) for argument in arguments])
-    error = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
-    assert error.startswith(f"vaswani {arguments[0]}: error: ") and message in error
+    refused(capsys, [argument.format(**paths) for argument in arguments], message)

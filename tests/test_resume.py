@@ -12,35 +12,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import refused
 from matplotlib.figure import Figure
+from tiny import TOY_TARGETS, toy_train_options, write_corpus_files
 
 import hf_vaswani.cli
 import hf_vaswani.recipe
+from hf_vaswani.checkpoints import newest_complete_checkpoint
 from hf_vaswani.cli import main
+from hf_vaswani.files import partial_path, replace_folder, write_text
 from hf_vaswani.plots import plot_training_curves
-from hf_vaswani.recipe import RUN_ENTRIES, RecipeSettings, check_output_dir
-from hf_vaswani.training import newest_complete_checkpoint, replace_folder, write_text_atomically
-
-SOURCES = ["the dog sleeps .", "the cat sleeps .", "the dog sees the cat .", "the cat sees the dog ."] * 5
-TARGETS = ["der Hund schläft .", "die Katze schläft .", "der Hund sieht die Katze .", "die Katze sieht den Hund ."] * 5
-TINY = ["d_model=32", "d_ff=64", "num_heads=4", "encoder_layers=1", "decoder_layers=1"]
-# 6 steps, a checkpoint every 2, the last 2 kept and averaged: checkpoint-4 and checkpoint-6 stay.
-SCHEDULE = ["--max-steps", "6", "--save-steps", "2", "--average-last", "2", "--logging-steps", "2"]
-
-
-def write_corpus(folder: Path, targets: list[str] = TARGETS) -> list[str]:
-    """Parallel files of a tiny corpus in `folder`; the `--data files` options reading them (train doubles as test)."""
-    folder.mkdir(exist_ok=True)
-    (folder / "train.en").write_text("\n".join(SOURCES) + "\n")
-    (folder / "train.de").write_text("\n".join(targets) + "\n")
-    files = [str(folder / "train.en"), str(folder / "train.de")]
-    return ["--data", "files", "--train", *files, "--test", *files]
+from hf_vaswani.run_folder import RUN_ENTRIES, check_output_dir
+from hf_vaswani.settings import RecipeSettings
 
 
 def train_arguments(run: Path, corpus: list[str], *options: str) -> list[str]:
-    overrides = [word for override in TINY for word in ("--model-override", override)]
-    tiny = ["--vocab-size", "300", "--max-tokens", "64", "--warmup-steps", "4", "--num-beams", "2"]
-    return ["train", "--output-dir", str(run), *corpus, *overrides, *tiny, *SCHEDULE, *options]
+    """A toy run into `run`: 6 steps, a checkpoint every 2, the last 2 kept and averaged (checkpoint-4 and -6 stay)."""
+    schedule = toy_train_options(max_steps=6, save_steps=2, average_last=2)
+    return ["train", "--output-dir", str(run), *corpus, *schedule, *options]
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
@@ -56,7 +45,7 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
 def finished_run(tmp_path_factory) -> tuple[Path, list[str]]:
     """A finished tiny run (its folder, never changed by the tests) and its corpus options."""
     folder = tmp_path_factory.mktemp("finished")
-    corpus = write_corpus(folder / "corpus")
+    corpus = write_corpus_files(folder / "corpus")
     main(train_arguments(folder / "run", corpus))
     return folder / "run", corpus
 
@@ -67,16 +56,6 @@ def copied_run(tmp_path, finished_run) -> tuple[Path, list[str]]:
     run, corpus = finished_run
     shutil.copytree(run, tmp_path / "run")
     return tmp_path / "run", corpus
-
-
-def refusal(capsys, arguments: list[str]) -> str:
-    """The one-line error of a `vaswani` command that must be refused with exit status 2."""
-    with pytest.raises(SystemExit) as stopped:
-        main(arguments)
-    assert stopped.value.code == 2
-    error = capsys.readouterr().err
-    assert error.startswith("vaswani train: error: ") and error.count("\n") == 1, error
-    return error
 
 
 def no_corpus_reading(monkeypatch) -> None:
@@ -119,15 +98,15 @@ def test_a_folder_holding_a_run_is_refused_before_the_corpus_is_read(
     run, corpus = finished_run
     before = snapshot(run)
     no_corpus_reading(monkeypatch)
-    assert named in refusal(capsys, train_arguments(run, corpus, *options))
+    assert named in refused(capsys, train_arguments(run, corpus, *options))
     assert snapshot(run) == before
 
 
 def test_resume_on_a_changed_corpus_is_refused(finished_run, tmp_path, capsys) -> None:
     run, _ = finished_run
     before = snapshot(run)
-    changed = write_corpus(tmp_path / "changed", [target.replace("Hund", "Hündin") for target in TARGETS])
-    error = refusal(capsys, train_arguments(run, changed, "--resume"))
+    changed = write_corpus_files(tmp_path / "changed", [target.replace("Hund", "Hündin") for target in TOY_TARGETS])
+    error = refused(capsys, train_arguments(run, changed, "--resume"))
     assert f"--resume: the training corpus is not the one the run in {run} started with (sha256 " in error
     assert snapshot(run) == before
 
@@ -136,7 +115,7 @@ def test_resume_needs_the_record_of_the_run(copied_run, capsys) -> None:
     run, corpus = copied_run
     (run / "run.json").unlink()  # a run of an older version
     before = snapshot(run)
-    assert "holds no run.json" in refusal(capsys, train_arguments(run, corpus, "--resume"))
+    assert "holds no run.json" in refused(capsys, train_arguments(run, corpus, "--resume"))
     assert snapshot(run) == before
 
 
@@ -168,13 +147,13 @@ def test_a_damaged_run_record_is_one_line_naming_it_and_the_run_is_kept(copied_r
     record.write_bytes(damaged(record.read_text()).encode("utf-8", "surrogateescape"))
     before = snapshot(run)
     no_corpus_reading(monkeypatch)
-    error = refusal(capsys, train_arguments(run, corpus, "--resume"))
+    error = refused(capsys, train_arguments(run, corpus, "--resume"))
     assert f"--resume: {record}" in error or f"--resume: the settings in {record}" in error, error
     assert named in error and error.endswith(
         "so the run cannot be checked; restore it or start again with --overwrite\n"
     )
     # without --resume the record is not read: the folder holds a run, whatever its record
-    assert "holds a previous run (run.json, " in refusal(capsys, train_arguments(run, corpus))
+    assert "holds a previous run (run.json, " in refused(capsys, train_arguments(run, corpus))
     assert snapshot(run) == before
 
 
@@ -186,7 +165,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_corpus_is_re
     a_file.write_text("mine")
     output_dir = a_file / "run" if inside else a_file
     no_corpus_reading(monkeypatch)
-    error = refusal(capsys, train_arguments(output_dir, write_corpus(tmp_path / "corpus")))
+    error = refused(capsys, train_arguments(output_dir, write_corpus_files(tmp_path / "corpus")))
     problem = f"cannot be created: {a_file} is a file" if inside else "is a file, not a folder"
     assert error == f"vaswani train: error: --output-dir {output_dir} {problem}\n"
     assert a_file.read_text() == "mine"
@@ -208,11 +187,11 @@ def test_a_failed_write_at_the_end_keeps_the_previous_run_whole(copied_run, caps
         main(train_arguments(run, corpus, "--resume"))
     stderr = capsys.readouterr().err  # the progress bars of the work done, then the error
     assert stopped.value.code == 2 and "Traceback" not in stderr
-    partial = run / f"model.tmp-{os.getpid()}" / "model.safetensors"
+    partial = partial_path(run / "model") / "model.safetensors"
     assert stderr.endswith(f"\nvaswani train: error: [Errno 28] No space left on device: '{partial}'\n")
     now = {name: snapshot(run / name) for name in ("model", "tokenizer")}
     assert now | {name: snapshot(run)[name] for name in ("results.json", "training_curves.png")} == kept
-    assert not list(run.glob("*.tmp-*")) and not list(run.glob("*.old-*"))
+    assert not list(run.glob(".*.partial")) and not list(run.glob(".*.previous"))
 
 
 CHECKPOINT_DAMAGES = {
@@ -232,9 +211,9 @@ def test_a_checkpoint_killed_while_saving_is_moved_aside_for_the_previous_one(co
         path.unlink()
     else:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with caplog.at_level(logging.WARNING, logger="hf_vaswani.training"):
+    with caplog.at_level(logging.WARNING, logger="hf_vaswani.checkpoints"):
         assert newest_complete_checkpoint(run / "checkpoints") == run / "checkpoints" / "checkpoint-4"
-    assert [record.getMessage() for record in caplog.records if record.name == "hf_vaswani.training"] == [
+    assert [record.getMessage() for record in caplog.records if record.name == "hf_vaswani.checkpoints"] == [
         f"{path.parent} is incomplete ({problem}); moved to incomplete-checkpoint-6; resuming from checkpoint-4"
     ]
     assert (run / "checkpoints" / "incomplete-checkpoint-6").is_dir() and not path.parent.exists()
@@ -253,7 +232,7 @@ def test_a_checkpoint_killed_while_saving_is_moved_aside_for_the_previous_one(co
     ],
 )
 def test_a_missing_corpus_is_one_line_and_writes_nothing(tmp_path, capsys, options, named) -> None:
-    write_corpus(tmp_path / "corpus")
+    write_corpus_files(tmp_path / "corpus")
     (tmp_path / "empty").mkdir()
     paths = {
         "train_en": tmp_path / "corpus" / "train.en",
@@ -262,7 +241,7 @@ def test_a_missing_corpus_is_one_line_and_writes_nothing(tmp_path, capsys, optio
         "empty": tmp_path / "empty",
     }
     arguments = train_arguments(tmp_path / "run", [option.format(**paths) for option in options])
-    assert named.format(**paths) in refusal(capsys, arguments)
+    assert named.format(**paths) in refused(capsys, arguments)
     assert not (tmp_path / "run").exists()
 
 
@@ -308,11 +287,11 @@ def test_resume_skips_a_truncated_checkpoint_keeps_the_tokenizer_and_may_train_l
     trainer_warnings = ListHandler()
     logging.getLogger("transformers.trainer").addHandler(trainer_warnings)  # transformers' loggers do not propagate
     try:
-        with caplog.at_level(logging.WARNING, logger="hf_vaswani.training"):
+        with caplog.at_level(logging.WARNING, logger="hf_vaswani.checkpoints"):
             main(train_arguments(run, corpus, "--resume", "--max-steps", "8"))
     finally:
         logging.getLogger("transformers.trainer").removeHandler(trainer_warnings)
-    (message,) = [record.getMessage() for record in caplog.records if record.name == "hf_vaswani.training"]
+    (message,) = [record.getMessage() for record in caplog.records if record.name == "hf_vaswani.checkpoints"]
     assert message == (
         f"{run / 'checkpoints' / 'checkpoint-6'} is incomplete (model.safetensors: Error while deserializing header: "
         "incomplete metadata, file not fully covered); moved to incomplete-checkpoint-6; resuming from checkpoint-4"
@@ -329,7 +308,7 @@ def test_resume_skips_a_truncated_checkpoint_keeps_the_tokenizer_and_may_train_l
         "checkpoint-8",
         "incomplete-checkpoint-6",
     ]
-    assert not list(run.glob("*.tmp-*")) and not list(run.glob("*.old-*"))
+    assert not list(run.glob(".*.partial")) and not list(run.glob(".*.previous"))
 
 
 def test_overwrite_replaces_the_run(copied_run) -> None:
@@ -356,7 +335,7 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path) -> None:
     assert [path.name for path in tmp_path.iterdir()] == ["model"]  # the partial folder is gone
     replace_folder(folder, lambda temporary: temporary.mkdir() or (temporary / "config").write_text("new"))
     assert [path.name for path in folder.iterdir()] == ["config"]
-    write_text_atomically(tmp_path / "results.json", "{}\n")
+    write_text(tmp_path / "results.json", "{}\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "results.json"]  # no temporary left
 
 

@@ -3,22 +3,19 @@ shapes stock tools expect."""
 
 import pytest
 import torch
+from tiny import SMALLEST_MODEL, random_model
 from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniForConditionalGeneration
 
 
 @pytest.fixture(scope="module")
 def model_and_batch():
-    torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=50, d_model=16, d_ff=32, num_heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0
-    )
-    model = VaswaniForConditionalGeneration(config).eval()
-    source = torch.randint(3, 50, (3, 6))
+    model = random_model(0, encoder_layers=2, decoder_layers=2)
+    source = torch.randint(3, SMALLEST_MODEL["vocab_size"], (3, 6))
     mask = torch.ones_like(source)
     mask[1, 4:] = 0
-    source[1, 4:] = config.pad_token_id
+    source[1, 4:] = model.config.pad_token_id
     # equal lengths for every decoding, so that outputs compare element by element
     options = dict(input_ids=source, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
     return model, options
@@ -52,11 +49,18 @@ def test_fullgraph_compiled_decoding_step_gives_eager_outputs(model_and_batch, n
     assert torch.equal(eager, compiled)
 
 
-def test_returned_cache_has_a_cross_attention_row_per_beam(model_and_batch) -> None:
-    """While decoding, the beams of a sentence share its encoder keys and values (fast_paths_vaswani); the cache
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_returned_cache_has_a_cross_attention_row_per_beam(model_and_batch, cache_implementation: str | None) -> None:
+    """While decoding, the beams of a sentence share its encoder keys and values (attend_with_shared_source); the cache
     returned to the caller holds one row per beam, as transformers' own models return it."""
     model, options = model_and_batch
-    out = model.generate(**options, num_beams=3, num_return_sequences=1, return_dict_in_generate=True)
+    out = model.generate(
+        **options,
+        num_beams=3,
+        num_return_sequences=1,
+        return_dict_in_generate=True,
+        cache_implementation=cache_implementation,
+    )
     cache = out.cache
     assert isinstance(cache, EncoderDecoderCache)
     for self_layer, cross_layer in zip(
@@ -72,7 +76,7 @@ def test_a_new_model_decodes_with_transformers_defaults_and_a_trained_one_as_the
     """§6.1's beam 4 is what the recipe and converters save; an untrained model starts from transformers' defaults."""
     from hf_vaswani.generation_vaswani import paper_generation_config
 
-    model = VaswaniForConditionalGeneration(VaswaniConfig(vocab_size=20, d_model=8, d_ff=8, num_heads=2))
+    model = random_model()
     assert model.generation_config.num_beams in (None, 1)  # None: transformers resolves it to 1 (greedy)
     model.generation_config = paper_generation_config(model.config)
     model.save_pretrained(tmp_path)

@@ -10,7 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from helpers import PAIRS, TINY_OVERRIDES
+from tiny import (
+    TINY_MODEL,
+    TOY_SOURCES,
+    TOY_TARGETS,
+    TRAINABLE_MODEL,
+    toy_corpus,
+    toy_dataset,
+    toy_settings,
+    toy_tokenizer,
+)
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -21,22 +30,14 @@ from transformers import (
 )
 
 import hf_vaswani  # noqa: F401
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, training
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, schedule
+from hf_vaswani.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
 from hf_vaswani.generation_vaswani import paper_generation_config
-from hf_vaswani.recipe import DEMO_SETTINGS, RecipeSettings, build_model, model_config, run_recipe
-from hf_vaswani.tokenization import train_shared_bpe
-from hf_vaswani.training import (
-    BpeDropoutPairs,
-    ResegmentedBatchSampler,
-    TrainingTimeBudgetCallback,
-    VaswaniTrainer,
-    bf16_training_seconds,
-    cpu_bf16_matmul_works,
-    paper_learning_rate,
-    paper_lr_scheduler,
-    paper_training_arguments,
-    tokenize_corpus,
-)
+from hf_vaswani.precision import bf16_training_seconds, cpu_bf16_matmul_works
+from hf_vaswani.recipe import build_model, run_recipe
+from hf_vaswani.schedule import TrainingTimeBudgetCallback, paper_learning_rate, paper_lr_scheduler
+from hf_vaswani.settings import DEMO_SETTINGS, RecipeSettings, model_config
+from hf_vaswani.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 
 def eq3(step: int, d_model: int, warmup: int) -> float:
@@ -91,17 +92,14 @@ def test_paper_training_arguments_are_section_5_3() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_shared_bpe([text for pair in PAIRS for text in pair], vocab_size=300, min_frequency=1)
+    return toy_tokenizer()
 
 
 @pytest.fixture
 def saved_model(tmp_path, tokenizer):
     """A model saved with its tokenizer, as a user would fine-tune it."""
     torch.manual_seed(0)
-    config = VaswaniConfig(
-        vocab_size=len(tokenizer), d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1
-    )
-    model = VaswaniForConditionalGeneration(config)
+    model = VaswaniForConditionalGeneration(VaswaniConfig(vocab_size=len(tokenizer), **TRAINABLE_MODEL))
     model.generation_config.max_new_tokens = 12
     folder = tmp_path / "saved"
     model.save_pretrained(folder)
@@ -112,8 +110,7 @@ def saved_model(tmp_path, tokenizer):
 def test_stock_seq2seq_trainer_fine_tunes_with_predict_with_generate(tmp_path, saved_model) -> None:
     tokenizer = AutoTokenizer.from_pretrained(saved_model)
     model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
-    data = Dataset.from_dict({"source": [s for s, _ in PAIRS], "target": [t for _, t in PAIRS]})
-    tokenized = tokenize_corpus(data, tokenizer)
+    tokenized = tokenize_corpus(toy_dataset(), tokenizer)
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=4,
@@ -148,15 +145,15 @@ def test_stock_seq2seq_trainer_fine_tunes_with_predict_with_generate(tmp_path, s
     trainer.train()
     metrics = trainer.evaluate()
     assert metrics["eval_loss"] < before - 0.5, (before, metrics)
-    assert metrics["eval_generated"] == len(PAIRS)
+    assert metrics["eval_generated"] == len(TOY_SOURCES)
     assert all(isinstance(text, str) for text in decoded[-1])
 
 
 def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp_path, saved_model) -> None:
     tokenizer = AutoTokenizer.from_pretrained(saved_model)
     model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
-    data = Dataset.from_dict({"source": [s for s, _ in PAIRS] * 4, "target": [t for _, t in PAIRS] * 4})
-    tokenized = tokenize_corpus(data, tokenizer)
+    data = toy_dataset(4)
+    tokenized = tokenize_corpus(data, tokenizer).add_column("pair", list(range(len(data))))  # forward takes no pair
     args = paper_training_arguments(
         tmp_path / "out",
         max_steps=12,
@@ -176,7 +173,7 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp
     )
     loader = trainer.get_train_dataloader()
     for batch in loader:
-        assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40
+        assert batch["input_ids"].numel() <= 40 and batch["labels"].numel() <= 40 and "pair" not in batch
     trainer.train()
     rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
     expected = [eq3(step, model.config.d_model, 5) * min(1.0, (12 - step + 1) / 4) for step in range(1, 13)]
@@ -184,7 +181,7 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp
 
 
 def test_bpe_dropout_segments_every_epoch_afresh_into_the_exact_text(tokenizer) -> None:
-    sources, targets = [s for s, _ in PAIRS] * 4, [t for _, t in PAIRS] * 4
+    sources, targets = TOY_SOURCES * 4, TOY_TARGETS * 4
     deterministic = tokenizer(sources, text_target=targets)
     pairs = BpeDropoutPairs(sources, targets, tokenizer, dropout=0.5)
     epochs = []
@@ -207,16 +204,16 @@ def test_bpe_dropout_segments_every_epoch_afresh_into_the_exact_text(tokenizer) 
 
 
 def test_bpe_dropout_batches_fit_each_epochs_segmentation_in_a_constant_count(tokenizer) -> None:
-    sources, targets = [s for s, _ in PAIRS] * 8, [t for _, t in PAIRS] * 8
+    sources, targets = TOY_SOURCES * 8, TOY_TARGETS * 8
     pairs = BpeDropoutPairs(sources, targets, tokenizer, dropout=0.3)
-    sampler = ResegmentedBatchSampler(pairs, max_tokens=60, seed=0)
+    sampler = resegmented_batch_sampler(pairs, max_tokens=60, seed=0)
     first_epoch_lengths = pairs.lengths()
     for epoch in range(4):
         sampler.set_epoch(epoch)
         batches = list(sampler)
         source_lengths, target_lengths = pairs.lengths()  # this epoch's, read back from the items served
         assert source_lengths == [len(pairs[index]["input_ids"]) for index in range(len(pairs))]
-        assert len(batches) == len(sampler) == sampler.num_batches  # what Trainer counted from the first epoch
+        assert len(batches) == len(sampler) == sampler.batches_per_epoch  # what Trainer counted from the first epoch
         assert sorted(index for batch in batches for index in batch) == list(range(len(pairs)))
         for batch in batches:
             assert len(batch) * max(source_lengths[index] for index in batch) <= 60
@@ -227,7 +224,7 @@ def test_bpe_dropout_batches_fit_each_epochs_segmentation_in_a_constant_count(to
 def test_vaswani_trainer_trains_on_bpe_dropout_pairs(tmp_path, saved_model) -> None:
     tokenizer = AutoTokenizer.from_pretrained(saved_model)
     model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
-    pairs = BpeDropoutPairs([s for s, _ in PAIRS] * 4, [t for _, t in PAIRS] * 4, tokenizer, dropout=0.1)
+    pairs = BpeDropoutPairs(TOY_SOURCES * 4, TOY_TARGETS * 4, tokenizer, dropout=0.1)
     args = paper_training_arguments(
         tmp_path / "out", max_steps=30, warmup_steps=5, save_strategy="no", use_cpu=True, disable_tqdm=True
     )
@@ -252,10 +249,10 @@ def test_bpe_dropout_with_several_processes_is_refused_before_any_work(tmp_path,
 def budgeted_trainer(tmp_path, saved_model, monkeypatch, step_seconds, minutes, **trainer_kwargs) -> VaswaniTrainer:
     """A VaswaniTrainer with a time budget of `minutes` on a clock whose optimizer steps take `step_seconds` each."""
     ends = itertools.accumulate(step_seconds, initial=0.0)  # the clock at train begin, then at each step's end
-    monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
+    monkeypatch.setattr(schedule, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
     tokenizer = AutoTokenizer.from_pretrained(saved_model)
     model = AutoModelForSeq2SeqLM.from_pretrained(saved_model)
-    data = Dataset.from_dict({"source": [s for s, _ in PAIRS] * 4, "target": [t for _, t in PAIRS] * 4})
+    data = toy_dataset(4)
     args = paper_training_arguments(
         tmp_path / "out", max_steps=100, warmup_steps=5, save_steps=50, use_cpu=True, disable_tqdm=True, logging_steps=1
     )
@@ -318,25 +315,8 @@ def test_time_budget_without_a_cooldown_stops_and_saves_when_time_is_up(tmp_path
 
 
 def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
-    corpus = DatasetDict(
-        {
-            "train": Dataset.from_dict({"source": [s for s, _ in PAIRS] * 6, "target": [t for _, t in PAIRS] * 6}),
-            "test": Dataset.from_dict({"source": [s for s, _ in PAIRS[:3]], "target": [t for _, t in PAIRS[:3]]}),
-        }
-    )
-    settings = RecipeSettings(
-        model_overrides=TINY_OVERRIDES,
-        vocab_size=300,
-        max_tokens=64,
-        warmup_steps=10,
-        max_steps=20,
-        save_steps=4,
-        logging_steps=2,
-        average_last=3,
-        num_beams=2,
-        bpe_dropout=0.1,
-    )
-    results = run_recipe(corpus, tmp_path, settings, dataset_name="toy")
+    settings = toy_settings(warmup_steps=10, max_steps=20, save_steps=4, average_last=3, bpe_dropout=0.1)
+    results = run_recipe(toy_corpus(), tmp_path, settings, dataset_name="toy")
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["steps"] == 20 and 0 <= written["bleu"] <= 100 and "chrf" in written
     assert (tmp_path / "training_curves.png").stat().st_size > 10_000
@@ -384,39 +364,39 @@ def test_settings_refuse_what_could_not_finish() -> None:
 
 
 def test_build_model_puts_only_the_given_decoding_on_the_papers(tokenizer) -> None:
-    model = build_model(RecipeSettings(model_overrides=TINY_OVERRIDES, num_beams=2), tokenizer)
+    model = build_model(toy_settings(), tokenizer)
     assert model.config.vocab_size == len(tokenizer) and model.config.pad_token_id == tokenizer.pad_token_id
     assert model.generation_config.to_dict() == paper_generation_config(model.config, num_beams=2).to_dict()
-    default = build_model(RecipeSettings(model_overrides=TINY_OVERRIDES), tokenizer)
+    default = build_model(toy_settings(num_beams=None), tokenizer)
     assert default.generation_config.to_dict() == paper_generation_config(default.config).to_dict()
 
 
 def test_bf16_on_a_cpu_whose_bf16_matmul_traps_is_a_clear_error(tmp_path, monkeypatch) -> None:
-    import hf_vaswani.training as training
+    import hf_vaswani.trainer as trainer
 
-    monkeypatch.setattr(training, "cpu_bf16_matmul_works", lambda: False)
+    monkeypatch.setattr(trainer, "cpu_bf16_matmul_works", lambda: False)
     with pytest.raises(ValueError, match="ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"):
-        training.paper_training_arguments(tmp_path, bf16=True, use_cpu=True)
-    assert not training.paper_training_arguments(tmp_path, use_cpu=True).bf16  # fp32 is not probed
+        trainer.paper_training_arguments(tmp_path, bf16=True, use_cpu=True)
+    assert not trainer.paper_training_arguments(tmp_path, use_cpu=True).bf16  # fp32 is not probed
 
 
 def test_bf16_if_faster_takes_bf16_only_for_a_measured_clear_win(monkeypatch, capsys) -> None:
-    import hf_vaswani.recipe as recipe
+    import hf_vaswani.precision as precision
 
-    settings = RecipeSettings(model_overrides=TINY_OVERRIDES, bf16_if_faster=True)
-    monkeypatch.setattr(recipe, "cpu_bf16_matmul_works", lambda: True)
+    settings = toy_settings(bf16_if_faster=True)
+    monkeypatch.setattr(precision, "cpu_bf16_matmul_works", lambda: True)
     for seconds, expected in [({"fp32": 0.5, "bf16": 0.4}, "bf16"), ({"fp32": 0.5, "bf16": 0.47}, "fp32")]:
-        monkeypatch.setattr(recipe, "bf16_training_seconds", lambda config, max_tokens, seconds=seconds: seconds)
-        assert recipe.training_precision(settings) == expected
+        monkeypatch.setattr(precision, "bf16_training_seconds", lambda config, max_tokens, seconds=seconds: seconds)
+        assert precision.training_precision(settings) == expected
         assert capsys.readouterr().err.startswith(f"--bf16-if-faster: {expected} (a training step")
-    monkeypatch.setattr(recipe, "cpu_bf16_matmul_works", lambda: False)
-    assert recipe.training_precision(settings) == "fp32"
+    monkeypatch.setattr(precision, "cpu_bf16_matmul_works", lambda: False)
+    assert precision.training_precision(settings) == "fp32"
     assert "traps" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="--bf16-if-faster measures in one process"):
-        recipe.training_precision(settings)
-    assert recipe.training_precision(RecipeSettings(bf16=True)) == "bf16"
-    assert recipe.training_precision(RecipeSettings()) == "fp32"
+        precision.training_precision(settings)
+    assert precision.training_precision(RecipeSettings(bf16=True)) == "bf16"
+    assert precision.training_precision(RecipeSettings()) == "fp32"
     with pytest.raises(ValueError, match="--bf16 and --bf16-if-faster exclude each other"):
         RecipeSettings(bf16=True, bf16_if_faster=True)
     with pytest.raises(ValueError, match="--bf16-if-faster chooses the precision by timing"):
@@ -424,6 +404,6 @@ def test_bf16_if_faster_takes_bf16_only_for_a_measured_clear_win(monkeypatch, ca
 
 
 @pytest.mark.skipif(not cpu_bf16_matmul_works(), reason="a bfloat16 matmul traps on this CPU")
-def test_bf16_training_seconds_times_both_precisions_of_the_configured_model(tiny_config_kwargs: dict) -> None:
-    seconds = bf16_training_seconds(VaswaniConfig(**tiny_config_kwargs), max_tokens=96, rounds=1)
+def test_bf16_training_seconds_times_both_precisions_of_the_configured_model() -> None:
+    seconds = bf16_training_seconds(VaswaniConfig(**TINY_MODEL), max_tokens=96, rounds=1)
     assert set(seconds) == {"fp32", "bf16"} and all(0 < value < 60 for value in seconds.values())

@@ -6,24 +6,23 @@ import json
 import pytest
 import sacrebleu
 import torch
-from datasets import Dataset, DatasetDict
-from helpers import PAIRS, TINY_OVERRIDES
+from datasets import DatasetDict
 from PIL import Image
+from tiny import TOY_SOURCES, TOY_TARGETS, TRAINABLE_MODEL, toy_corpus, toy_dataset, toy_settings, toy_tokenizer
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.inference import translate
+from hf_vaswani.callbacks import ValidationBleuCallback
 from hf_vaswani.plots import plot_training_curves
-from hf_vaswani.recipe import RecipeSettings, checkpoints_to_keep, run_recipe
-from hf_vaswani.tokenization import train_shared_bpe
-from hf_vaswani.training import ValidationBleuCallback, VaswaniTrainer, paper_training_arguments, tokenize_corpus
-
-SOURCES, REFERENCES = [source for source, _ in PAIRS], [target for _, target in PAIRS]
+from hf_vaswani.recipe import checkpoints_to_keep, run_recipe
+from hf_vaswani.settings import RecipeSettings
+from hf_vaswani.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+from hf_vaswani.translation import translate
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_shared_bpe([text for pair in PAIRS for text in pair], vocab_size=300, min_frequency=1)
+    return toy_tokenizer()
 
 
 def tiny_trainer(
@@ -32,18 +31,14 @@ def tiny_trainer(
     torch.manual_seed(0)
     config = VaswaniConfig(
         vocab_size=len(tokenizer),
-        d_model=32,
-        d_ff=64,
-        num_heads=4,
-        encoder_layers=1,
-        decoder_layers=1,
+        **TRAINABLE_MODEL,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     model = VaswaniForConditionalGeneration(config)
     model.generation_config.max_new_tokens = 10
-    train = tokenize_corpus(Dataset.from_dict({"source": SOURCES * 4, "target": REFERENCES * 4}), tokenizer)
+    train = tokenize_corpus(toy_dataset(4), tokenizer)
     saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
     args = paper_training_arguments(
         tmp_path, max_steps=max_steps, warmup_steps=4, learning_rate=learning_rate, logging_steps=1, **saving
@@ -60,15 +55,15 @@ def validation_entries(trainer: VaswaniTrainer) -> list[dict]:
 
 def test_validation_bleu_is_logged_every_n_steps_and_is_sacrebleu_of_the_greedy_output(tokenizer, tmp_path) -> None:
     trainer = tiny_trainer(tokenizer, tmp_path, max_steps=9)
-    callback = ValidationBleuCallback(tokenizer, SOURCES, REFERENCES, "de", eval_steps=3, log=trainer.log)
+    callback = ValidationBleuCallback(tokenizer, TOY_SOURCES, TOY_TARGETS, "de", eval_steps=3, log=trainer.log)
     trainer.add_callback(callback)
     trainer.train()
     entries = validation_entries(trainer)
     assert [entry["step"] for entry in entries] == [3, 6, 9]
     assert all(entry["elapsed_minutes"] > 0 for entry in entries)
     # Step 9 is the last: the final weights are the ones the last evaluation translated with.
-    hypotheses = translate(trainer.model, tokenizer, SOURCES, progress=False, num_beams=1)
-    expected = sacrebleu.corpus_bleu(hypotheses, [REFERENCES]).score
+    hypotheses = translate(trainer.model, tokenizer, TOY_SOURCES, progress=False, num_beams=1)
+    expected = sacrebleu.corpus_bleu(hypotheses, [TOY_TARGETS]).score
     assert entries[-1]["eval_bleu"] == pytest.approx(expected, abs=1e-9)
     best = max(entries, key=lambda entry: entry["eval_bleu"])  # the first of equal scores, as the callback keeps it
     assert (callback.best_step, callback.best_bleu) == (best["step"], best["eval_bleu"])
@@ -77,7 +72,9 @@ def test_validation_bleu_is_logged_every_n_steps_and_is_sacrebleu_of_the_greedy_
 def test_validation_leaves_the_model_training(tokenizer, tmp_path) -> None:
     trainer = tiny_trainer(tokenizer, tmp_path, max_steps=1)
     logged = []
-    callback = ValidationBleuCallback(tokenizer, SOURCES[:2], REFERENCES[:2], "de", eval_steps=1, log=logged.append)
+    callback = ValidationBleuCallback(
+        tokenizer, TOY_SOURCES[:2], TOY_TARGETS[:2], "de", eval_steps=1, log=logged.append
+    )
     trainer.model.train()
     callback.on_step_end(trainer.args, TrainerState(global_step=1), TrainerControl(), model=trainer.model)
     assert trainer.model.training  # dropout back on for the next step
@@ -88,7 +85,7 @@ def test_early_stopping_stops_when_bleu_stops_improving(tokenizer, tmp_path) -> 
     # A learning rate of 0 keeps the weights, so BLEU never improves after the first evaluation.
     trainer = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0)
     callback = ValidationBleuCallback(
-        tokenizer, SOURCES, REFERENCES, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
+        tokenizer, TOY_SOURCES, TOY_TARGETS, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
     )
     trainer.add_callback(callback)
     trainer.train()
@@ -101,7 +98,7 @@ def test_early_stopping_saves_the_best_step_and_the_last(tokenizer, tmp_path) ->
     # Checkpoints every 100 steps would give none in 6 steps: those saved are the best (2) and the stop (6).
     trainer = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0, save_steps=100)
     callback = ValidationBleuCallback(
-        tokenizer, SOURCES, REFERENCES, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
+        tokenizer, TOY_SOURCES, TOY_TARGETS, "de", eval_steps=2, log=trainer.log, early_stopping_patience=2
     )
     trainer.add_callback(callback)
     trainer.train()
@@ -113,12 +110,12 @@ def test_a_resumed_run_keeps_its_best_and_its_patience(tokenizer, tmp_path) -> N
     # the resumed run stops after two more (6, 8) for a patience of 3, as an uninterrupted one would.
     first = tiny_trainer(tokenizer, tmp_path, max_steps=4, learning_rate=0.0, save_steps=4)
     first.add_callback(
-        ValidationBleuCallback(tokenizer, SOURCES, REFERENCES, "de", 2, log=first.log, early_stopping_patience=3)
+        ValidationBleuCallback(tokenizer, TOY_SOURCES, TOY_TARGETS, "de", 2, log=first.log, early_stopping_patience=3)
     )
     first.train()
     resumed = tiny_trainer(tokenizer, tmp_path, max_steps=20, learning_rate=0.0, save_steps=100)
     callback = ValidationBleuCallback(
-        tokenizer, SOURCES, REFERENCES, "de", 2, log=resumed.log, early_stopping_patience=3
+        tokenizer, TOY_SOURCES, TOY_TARGETS, "de", 2, log=resumed.log, early_stopping_patience=3
     )
     resumed.add_callback(callback)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
@@ -151,26 +148,9 @@ def test_early_stopping_needs_validation() -> None:
 
 
 def test_recipe_validates_records_the_best_step_and_plots_bleu(tmp_path) -> None:
-    split = {"source": SOURCES, "target": REFERENCES}
-    corpus = DatasetDict(
-        {
-            "train": Dataset.from_dict({"source": SOURCES * 6, "target": REFERENCES * 6}),
-            "validation": Dataset.from_dict(split),
-            "test": Dataset.from_dict({"source": SOURCES[:3], "target": REFERENCES[:3]}),
-        }
-    )
-    settings = RecipeSettings(
-        model_overrides=TINY_OVERRIDES,
-        vocab_size=300,
-        max_tokens=64,
-        warmup_steps=10,
-        max_steps=12,
-        save_steps=4,
-        logging_steps=2,
-        average_last=3,
-        num_beams=2,
-        eval_bleu_steps=4,
-        eval_bleu_sample=5,
+    corpus = toy_corpus(validation=True)
+    settings = toy_settings(
+        warmup_steps=10, max_steps=12, save_steps=4, average_last=3, eval_bleu_steps=4, eval_bleu_sample=5
     )
     results = run_recipe(corpus, tmp_path, settings, dataset_name="toy")
     assert json.loads((tmp_path / "results.json").read_text())["validation"] == results["validation"]

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 from helpers import timing_forbidden
+from tiny import TOY_VOCAB_SIZE, TRAINABLE_MODEL
 from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_paths_vaswani
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels
 from hf_vaswani.data import load_tsv
 from hf_vaswani.tokenization import train_shared_bpe_from_dataset
-from hf_vaswani.training import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+from hf_vaswani.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 data, output = sys.argv[1], Path(sys.argv[2])
 max_tokens, update_freq, steps, save_steps = (int(value) for value in sys.argv[3:7])
@@ -26,14 +27,12 @@ dropout = float(sys.argv[7])
 resume = sys.argv[8:] == ["resume"]
 torch.set_num_threads(1)
 if os.environ.get("NO_KERNEL_TIMING"):
-    fast_paths_vaswani.fastest = timing_forbidden
+    cpu_kernels.fastest = timing_forbidden
 dataset = load_tsv(data)
-tokenizer = train_shared_bpe_from_dataset(dataset, vocab_size=300, min_frequency=1)
+tokenizer = train_shared_bpe_from_dataset(dataset, vocab_size=TOY_VOCAB_SIZE, min_frequency=1)
 torch.manual_seed(0)
-config = VaswaniConfig(
-    vocab_size=len(tokenizer), d_model=32, d_ff=64, num_heads=4, encoder_layers=1, decoder_layers=1, dropout=dropout
-)
-model = VaswaniForConditionalGeneration(config)
+config = VaswaniConfig(vocab_size=len(tokenizer), **TRAINABLE_MODEL, dropout=dropout)
+model = cpu_kernels.kernelize(VaswaniForConditionalGeneration(config))  # as the recipe builds it
 args = paper_training_arguments(
     output,
     max_steps=steps,

@@ -1,5 +1,6 @@
-"""The speed-ups compute what the plain modules compute: packed projections, dropout masks, int8 inference, bf16
-training with float32 attention."""
+"""The CPU kernels that `kernelize` attaches compute what the plain modules compute: packed projections, products by
+the fastest kernel, dropout masks, int8 inference of a kernelized model, bf16 training with float32 attention; and
+kernelizing changes neither the weights nor a saved folder."""
 
 import copy
 import json
@@ -10,44 +11,121 @@ import torch
 from helpers import (
     DECODING_PATHS,
     INT8_LOGIT_RMS_TOLERANCE,
-    PROBE_SENTENCES,
     mistranslations,
     smallest_logit_margin,
     teacher_forced_logits,
     timing_forbidden,
 )
+from tiny import PROBE_SENTENCES, TINY_MODEL
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AttentionInterface, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, fast_paths_vaswani, modeling_vaswani
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels, modeling_vaswani
 from hf_vaswani.cli import main
-from hf_vaswani.fast_paths_vaswani import (
+from hf_vaswani.cpu_kernels import (
     PACKED_KERNELS,
+    CheapMaskDropout,
+    FastestKernelLinear,
+    Float32AttentionUnderCpuAutocast,
     LinearByFastestProducts,
-    VaswaniDropout,
-    VaswaniLinear,
     fastest_packed_kernel,
+    kernelize,
     packed_decoder_weights,
+    packed_weights,
     product,
 )
-from hf_vaswani.inference import quantize_int8
 from hf_vaswani.loss_vaswani import ProjectedLabelSmoothedLoss
-from hf_vaswani.training import cpu_bf16_matmul_works
+from hf_vaswani.precision import cpu_bf16_matmul_works
+from hf_vaswani.quantization import quantize_int8
 
 AVAILABLE_KERNELS = [name for name, kernel in PACKED_KERNELS.items() if kernel.available()]
+
+
+def test_kernelize_swaps_the_plain_modules_and_changes_neither_the_weights_nor_the_saved_folder(tmp_path) -> None:
+    torch.manual_seed(0)
+    plain = VaswaniForConditionalGeneration(VaswaniConfig(**TINY_MODEL | {"dropout": 0.1}))
+    kinds = {
+        nn.Linear: FastestKernelLinear,
+        nn.Dropout: CheapMaskDropout,
+        modeling_vaswani.VaswaniMultiHeadAttention: Float32AttentionUnderCpuAutocast,
+    }
+    counts = {kind: sum(type(m) is kind for m in plain.modules()) for kind in kinds}
+    model = kernelize(copy.deepcopy(plain))
+    assert all(counts.values())
+    assert {kind: sum(type(m) is kernel for m in model.modules()) for kind, kernel in kinds.items()} == counts
+    assert not any(type(m) in kinds for m in model.modules())
+    generate = model.generate
+    assert kernelize(model) is model and model.generate is generate  # twice: nothing more
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in plain.state_dict().items())
+    plain.save_pretrained(tmp_path / "plain")
+    model.save_pretrained(tmp_path / "kernelized")
+    files = sorted(path.name for path in (tmp_path / "plain").iterdir())
+    assert files == sorted(path.name for path in (tmp_path / "kernelized").iterdir())
+    for name in files:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "kernelized" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_a_kernelized_model_computes_what_the_plain_one_computes(attn_implementation: str) -> None:
+    """Logits, the loss with and without logits, their gradients and beam search, against the plain torch.nn model,
+    with whichever kernels this CPU measures fastest."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(**TINY_MODEL)
+    plain = VaswaniForConditionalGeneration._from_config(config, attn_implementation=attn_implementation)
+    model = kernelize(copy.deepcopy(plain))
+    source, labels = torch.randint(4, config.vocab_size, (3, 7)), torch.randint(4, config.vocab_size, (3, 5))
+    for return_logits in (True, False):
+        outputs = []
+        for each in (plain, model):
+            each.zero_grad()
+            out = each.train()(input_ids=source, labels=labels, return_logits=return_logits)
+            out.loss.backward()
+            outputs.append((out, [parameter.grad for parameter in each.parameters()]))
+        (expected, expected_grads), (got, grads) = outputs
+        torch.testing.assert_close(got.loss, expected.loss)
+        if return_logits:
+            torch.testing.assert_close(got.logits, expected.logits)
+        for got_grad, expected_grad in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got_grad, expected_grad)
+    options = dict(num_beams=3, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    with torch.inference_mode():
+        expected, got = (each.eval().generate(input_ids=source, **options) for each in (plain, model))
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
+
+
+def test_a_copy_of_a_kernelized_model_generates_with_its_own_weights() -> None:
+    """kernelize binds `generate` to its model the way deepcopy follows (as quantize_int8 copies a model)."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(**TINY_MODEL)
+    model = kernelize(VaswaniForConditionalGeneration(config)).eval()
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        clone.lm_head.weight.mul_(-1.0)  # the tied embeddings too: another model
+    reference = VaswaniForConditionalGeneration(config).eval()
+    reference.load_state_dict(clone.state_dict())
+    source = torch.randint(4, config.vocab_size, (2, 6))
+    options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    got, expected = clone.generate(input_ids=source, **options), reference.generate(input_ids=source, **options)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
+    assert not torch.equal(model.generate(input_ids=source, **options).sequences_scores, got.sequences_scores)
 
 
 @pytest.fixture(params=AVAILABLE_KERNELS)
 def packed_kernel(request, monkeypatch) -> str:
     """Each packed kernel this torch build has, whatever this CPU's measurement decides about their speed."""
-    monkeypatch.setattr(fast_paths_vaswani, "fastest_packed_kernel", lambda *shape: request.param)
+    monkeypatch.setattr(cpu_kernels, "fastest_packed_kernel", lambda *shape: request.param)
     return request.param
 
 
 def test_the_kernel_is_measured_once_per_shape_and_thread_count_and_used() -> None:
     fastest_packed_kernel.cache_clear()
-    layers = [VaswaniLinear(48, 80), VaswaniLinear(48, 80), VaswaniLinear(80, 48)]
+    layers = [FastestKernelLinear(48, 80), FastestKernelLinear(48, 80), FastestKernelLinear(80, 48)]
     threads = torch.get_num_threads()
     with packed_decoder_weights(layers):
         chosen = [layer.packed_kernel for layer in layers]
@@ -63,7 +141,7 @@ def test_the_kernel_is_measured_once_per_shape_and_thread_count_and_used() -> No
 @pytest.mark.parametrize("rows", [1, 5, 32, 256, 300])
 def test_packed_projection_equals_torch_linear(rows: int, packed_kernel: str) -> None:
     torch.manual_seed(0)
-    layer = VaswaniLinear(48, 80)
+    layer = FastestKernelLinear(48, 80)
     inputs = torch.randn(rows, 1, 48)
     with packed_decoder_weights([layer]), torch.no_grad():
         assert layer.packed_weight is not None and layer.packed_kernel == packed_kernel
@@ -84,8 +162,8 @@ PRODUCT_CHOICES = [None, *(["onednn"] if torch.backends.mkldnn.is_available() el
 @pytest.fixture(params=PRODUCT_CHOICES)
 def product_kernel(request, monkeypatch) -> str | None:
     """Each kernel `product` can choose (None: torch's own product), whatever this CPU's measurement decides."""
-    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
-    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: request.param)
+    monkeypatch.setattr(cpu_kernels, "PRODUCT_KERNELS", {})
+    monkeypatch.setattr(cpu_kernels, "fastest", lambda products: request.param)
     return request.param
 
 
@@ -104,8 +182,8 @@ def test_linear_by_fastest_products_gives_linears_output_and_gradients(product_k
     upstream = torch.randn(3, 5, 80)
     output = LinearByFastestProducts.apply(inputs, weight, bias)
     grads = torch.autograd.grad((output * upstream).sum(), (inputs, weight, bias))
-    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) == {product_kernel}  # all three products took it
-    assert len(fast_paths_vaswani.PRODUCT_KERNELS) == 3
+    assert set(cpu_kernels.PRODUCT_KERNELS.values()) == {product_kernel}  # all three products took it
+    assert len(cpu_kernels.PRODUCT_KERNELS) == 3
     rows, upstream_rows = inputs.detach().reshape(15, 48), upstream.reshape(15, 80)
     exact = [  # float64 products of the same float32 operands
         nn.functional.linear(rows.double(), weight.detach().double(), bias.detach().double()),
@@ -124,10 +202,10 @@ def test_linear_by_fastest_products_gives_linears_output_and_gradients(product_k
 
 
 def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monkeypatch) -> None:
-    monkeypatch.setattr(fast_paths_vaswani, "PRODUCT_KERNELS", {})
+    monkeypatch.setattr(cpu_kernels, "PRODUCT_KERNELS", {})
     measured = []
-    real_fastest = fast_paths_vaswani.fastest
-    monkeypatch.setattr(fast_paths_vaswani, "fastest", lambda products: measured.append(1) or real_fastest(products))
+    real_fastest = cpu_kernels.fastest
+    monkeypatch.setattr(cpu_kernels, "fastest", lambda products: measured.append(1) or real_fastest(products))
     a, b = torch.randn(200, 48), torch.randn(80, 48)
     expected = b.double() @ a.double().T
     for left, right in [(a, b), (a[:150], b), (a, b), (b, a), (b.T.contiguous().T, a)]:
@@ -135,8 +213,8 @@ def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monk
         exact = left.double() @ right.double().T
         assert torch.all((got.double() - exact).abs() <= float32_product_bound(left, right))
     # (200 | 150, 48, 80) share the class (256, 64, 128); (80, 48, 200) is another; a transposed `a` another
-    assert len(measured) == 3 and len(fast_paths_vaswani.PRODUCT_KERNELS) == 3
-    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) <= set(PRODUCT_CHOICES)
+    assert len(measured) == 3 and len(cpu_kernels.PRODUCT_KERNELS) == 3
+    assert set(cpu_kernels.PRODUCT_KERNELS.values()) <= set(PRODUCT_CHOICES)
     assert torch.all((product(b, a).double() - expected).abs() <= float32_product_bound(b, a))
     product(a.double(), b.double())  # float64: torch's product, nothing measured
     assert len(measured) == 3
@@ -154,10 +232,10 @@ def deterministic_algorithms():
 def test_under_deterministic_algorithms_linears_are_torchs_and_nothing_is_timed(
     deterministic_algorithms, monkeypatch
 ) -> None:
-    monkeypatch.setattr(fast_paths_vaswani, "fastest", timing_forbidden)
+    monkeypatch.setattr(cpu_kernels, "fastest", timing_forbidden)
     fastest_packed_kernel.cache_clear()
     torch.manual_seed(0)
-    layer, inputs = VaswaniLinear(48, 80), torch.randn(3, 5, 48, requires_grad=True)
+    layer, inputs = FastestKernelLinear(48, 80), torch.randn(3, 5, 48, requires_grad=True)
     output = layer(inputs)
     grads = torch.autograd.grad(output.sum(), (inputs, layer.weight, layer.bias))
     expected = nn.functional.linear(inputs, layer.weight, layer.bias)
@@ -176,9 +254,9 @@ def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_k
     weight, bias = torch.randn(50, 16, requires_grad=True), torch.randn(50, requires_grad=True)
     labels = torch.randint(0, 50, (3, 7))
     labels[0, 3] = -100
-    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, 8)
+    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, 8, 1.0, product)
     ours_grads = torch.autograd.grad(ours, (hidden, weight, bias))
-    assert set(fast_paths_vaswani.PRODUCT_KERNELS.values()) == {product_kernel}
+    assert set(cpu_kernels.PRODUCT_KERNELS.values()) == {product_kernel}
     leaves = [tensor.detach().double().requires_grad_() for tensor in (hidden, weight, bias)]
     reference = nn.functional.cross_entropy(
         nn.functional.linear(*leaves).flatten(0, 1), labels.flatten(), reduction="sum", label_smoothing=0.1
@@ -190,32 +268,30 @@ def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_k
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this torch build")
-@pytest.mark.parametrize("product_kernel", ["onednn"], indirect=True)  # as measured on an AMD EPYC
-def test_training_under_torch_compile_computes_the_eager_loss_and_gradients(product_kernel, tiny_config_kwargs) -> None:
+@pytest.mark.parametrize("product_kernel", ["onednn"], indirect=True)  # oneDNN chosen, as where it is the fastest
+def test_training_under_torch_compile_computes_the_eager_loss_and_gradients(product_kernel) -> None:
     """TrainingArguments(torch_compile=True) compiles the whole model (accelerate's TorchDynamoPlugin), the logit-free
     loss included: compiled, `product` keeps to torch's kernels even where oneDNN measured faster (inductor cannot lower
     oneDNN's op), and the loss and gradients are those of the eager model in float64."""
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig(**tiny_config_kwargs)).train()
-    model.config.loss_without_logits = True  # as VaswaniTrainer trains
-    reference = copy.deepcopy(model).double()
+    reference = VaswaniForConditionalGeneration(VaswaniConfig(**TINY_MODEL)).train()
+    model = kernelize(copy.deepcopy(reference))
+    reference.double()
     source, labels = torch.randint(4, 61, (3, 7)), torch.randint(4, 61, (3, 5))
-    loss = torch.compile(model)(input_ids=source, labels=labels).loss
+    loss = torch.compile(model)(input_ids=source, labels=labels, return_logits=False).loss  # as VaswaniTrainer trains
     loss.backward()
-    expected = reference(input_ids=source, labels=labels).loss
+    expected = reference(input_ids=source, labels=labels, return_logits=False).loss
     expected.backward()
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=0)
     for (name, parameter), expected_parameter in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(parameter.grad.double(), expected_parameter.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
-    tiny_config_kwargs: dict, packed_kernel: str
-) -> None:
+def test_generate_after_an_in_place_weight_update_uses_the_new_weights(packed_kernel: str) -> None:
     """Fused AdamW updates weights without bumping their version: a packed copy kept across calls would go stale."""
     torch.manual_seed(0)
-    config = VaswaniConfig(**tiny_config_kwargs)
-    model = VaswaniForConditionalGeneration(config).eval()
+    config = VaswaniConfig(**TINY_MODEL)
+    model = kernelize(VaswaniForConditionalGeneration(config)).eval()
     source = torch.randint(4, config.vocab_size, (2, 6))
     options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     model.generate(input_ids=source, **options)
@@ -225,26 +301,24 @@ def test_generate_after_an_in_place_weight_update_uses_the_new_weights(
     optimizer.step()
     model.eval()
     after = model.generate(input_ids=source, **options)
-    fresh = VaswaniForConditionalGeneration(config).eval()
+    fresh = VaswaniForConditionalGeneration(config).eval()  # plain: nothing packed
     fresh.load_state_dict(model.state_dict())
     expected = fresh.generate(input_ids=source, **options)
     assert torch.equal(after.sequences, expected.sequences)
     torch.testing.assert_close(after.sequences_scores, expected.sequences_scores)
 
 
-def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(
-    tiny_config_kwargs: dict, packed_kernel: str, monkeypatch
-) -> None:
+def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(packed_kernel: str, monkeypatch) -> None:
     """`packed_weights` packs once for many `generate` calls (each of which would pack for itself), keeps the packed
     copies through them, drops them at its end, and the outputs are those of calls packing for themselves."""
     torch.manual_seed(0)
-    config = VaswaniConfig(**tiny_config_kwargs)
-    model = VaswaniForConditionalGeneration(config).eval()
+    config = VaswaniConfig(**TINY_MODEL)
+    model = kernelize(VaswaniForConditionalGeneration(config)).eval()
     kernel = PACKED_KERNELS[packed_kernel]
     packed_shapes = []
     counting = kernel._replace(pack=lambda weight: packed_shapes.append(tuple(weight.shape)) or kernel.pack(weight))
     monkeypatch.setitem(PACKED_KERNELS, packed_kernel, counting)
-    linears = [m for m in model.modules() if isinstance(m, VaswaniLinear) and m.packed_weight is None]
+    linears = [m for m in model.modules() if isinstance(m, FastestKernelLinear) and m.packed_weight is None]
     decoding_linears = [
         m for part in (model.get_decoder(), model.get_output_embeddings()) for m in part.modules() if m in linears
     ]
@@ -254,7 +328,7 @@ def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(
         separately = [model.generate(input_ids=source, **options) for source in sources]
     assert len(packed_shapes) == len(sources) * len(decoding_linears)  # each call packs every decoding weight
     packed_shapes.clear()
-    with model.packed_weights():
+    with packed_weights(model):
         assert all(m.packed_weight is not None for m in decoding_linears)
         with torch.inference_mode():
             held = [model.generate(input_ids=source, **options) for source in sources]
@@ -268,7 +342,7 @@ def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(
 
 def test_dropout_drops_at_rate_p_and_keeps_the_expectation() -> None:
     torch.manual_seed(0)
-    dropout = VaswaniDropout(0.1).train()
+    dropout = CheapMaskDropout(0.1).train()
     inputs = torch.rand(2000, 500) + 0.5
     outputs = dropout(inputs)
     dropped = outputs == 0
@@ -287,7 +361,7 @@ def test_dropout_gradient_is_the_mask_times_the_scale() -> None:
     torch.manual_seed(0)
     inputs = torch.randn(64, 32, requires_grad=True)
     upstream = torch.randn(64, 32)
-    outputs = VaswaniDropout(0.3).train()(inputs)
+    outputs = CheapMaskDropout(0.3).train()(inputs)
     (outputs * upstream).sum().backward()
     kept = outputs != 0
     scale = 1 / (1 - round(0.3 * 2**16) / 2**16)
@@ -295,13 +369,14 @@ def test_dropout_gradient_is_the_mask_times_the_scale() -> None:
 
 
 def test_int8_model_quantizes_every_projection_and_stays_close(trained_folder) -> None:
-    model = AutoModelForSeq2SeqLM.from_pretrained(trained_folder).eval()
+    model = kernelize(AutoModelForSeq2SeqLM.from_pretrained(trained_folder)).eval()  # as load_model_folder loads it
     tokenizer = AutoTokenizer.from_pretrained(trained_folder)
     quantized = quantize_int8(model)
-    projections = [m for m in model.modules() if isinstance(m, VaswaniLinear)]
+    projections = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert not [m for m in quantized.modules() if isinstance(m, nn.Linear)]  # none left in float
     # every projection, the output layer included, became int8; the float model is left as it was
     assert len([m for m in quantized.modules() if isinstance(m, DynamicQuantizedLinear)]) == len(projections) > 0
+    assert all(type(m) is FastestKernelLinear for m in projections)
     reference, labels = teacher_forced_logits(model, tokenizer, PROBE_SENTENCES)
     int8, _ = teacher_forced_logits(quantized, tokenizer, PROBE_SENTENCES)
     # Teacher-forced along the right translations, padding left out: int8 stays within its rounding error (helpers),
@@ -311,14 +386,13 @@ def test_int8_model_quantizes_every_projection_and_stays_close(trained_folder) -
     assert rms <= INT8_LOGIT_RMS_TOLERANCE, f"int8 moved the logits by {rms:.2f} in root mean square"
     assert smallest_logit_margin(quantized, tokenizer, PROBE_SENTENCES) > 0, "int8 put a wrong next token first"
     # Beam search (the evaluate command's path) is compared too: the fixture checked it on the float model, and int8
-    # moves each hypothesis's score far less than separates the right ones from the rest there (it held under every
-    # kernel selection tried).
+    # moves each hypothesis's score far less than separates the right ones from the rest there.
     for name, options in DECODING_PATHS.items():
         assert not mistranslations(quantized, tokenizer, PROBE_SENTENCES, **options), name
 
 
-def test_int8_refuses_a_model_that_is_not_on_cpu(tiny_config_kwargs: dict) -> None:
-    model = VaswaniForConditionalGeneration(VaswaniConfig(**tiny_config_kwargs)).to("meta")
+def test_int8_refuses_a_model_that_is_not_on_cpu() -> None:
+    model = VaswaniForConditionalGeneration(VaswaniConfig(**TINY_MODEL)).to("meta")
     with pytest.raises(ValueError, match="int8 inference runs on CPU"):
         quantize_int8(model)
 
@@ -332,38 +406,56 @@ def test_evaluate_command_with_int8(tmp_path, trained_folder, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["bleu"] == pytest.approx(100.0)
 
 
+@pytest.fixture
+def recording_attention() -> list[torch.dtype]:
+    """An attention implementation registered with transformers ("recording_sdpa": sdpa) that records the dtype of
+    each query it receives."""
+    dtypes: list[torch.dtype] = []
+
+    def recording_sdpa(module, query, *args, **kwargs):
+        dtypes.append(query.dtype)
+        return sdpa_attention_forward(module, query, *args, **kwargs)
+
+    AttentionInterface.register("recording_sdpa", recording_sdpa)
+    AttentionMaskInterface.register("recording_sdpa", sdpa_mask)
+    return dtypes
+
+
 @pytest.mark.skipif(not cpu_bf16_matmul_works(), reason="a bfloat16 matmul traps on this CPU")
-@pytest.mark.parametrize("loss_without_logits", [True, False])
+@pytest.mark.parametrize("return_logits", [False, True])
 def test_bf16_autocast_training_computes_the_fp32_loss_and_gradients_with_float32_attention(
-    tiny_config_kwargs: dict, loss_without_logits: bool, monkeypatch
+    return_logits: bool, recording_attention: list[torch.dtype]
 ) -> None:
     torch.manual_seed(0)
-    config = VaswaniConfig(**{**tiny_config_kwargs, "vocab_size": 300}, loss_without_logits=loss_without_logits)
-    model = VaswaniForConditionalGeneration(config).train()
+    config = VaswaniConfig(**TINY_MODEL | {"vocab_size": 300})
+    model = VaswaniForConditionalGeneration._from_config(config, attn_implementation="recording_sdpa")
+    model = kernelize(model).train()
     source, labels = torch.randint(4, 300, (2, 6, 11))
-    attention_dtypes = []  # of the queries that transformers' attention function receives
-
-    def recorded(attention, module, query, *args, **kwargs):
-        def recording(module, query, *args, **kwargs):
-            attention_dtypes.append(query.dtype)
-            return attention(module, query, *args, **kwargs)
-
-        return fast_paths_vaswani.float32_attention(recording, module, query, *args, **kwargs)
 
     def loss_and_gradients(bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(input_ids=source, labels=labels).loss
+            loss = model(input_ids=source, labels=labels, return_logits=return_logits).loss
         loss.backward()
         return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
     fp32_loss, fp32_gradients = loss_and_gradients(bf16=False)
-    monkeypatch.setattr(modeling_vaswani, "float32_attention", recorded)
+    recording_attention.clear()
     bf16_loss, bf16_gradients = loss_and_gradients(bf16=True)
-    # 3 attentions in each of 2 decoder layers, 1 in each of 2 encoder layers, all in float32 under autocast
-    assert attention_dtypes == [torch.float32] * 6
+    # 2 attentions in each of 2 decoder layers, 1 in each of 2 encoder layers, all in float32 under autocast
+    assert recording_attention == [torch.float32] * 6
     # bfloat16 keeps 8 significant bits: each product's inputs are rounded by up to 2^-9, relative; over a dozen
     # layers the gradients stray by a few percent of their norm (cosine ~0.9995 over seeds), the loss (a mean) far less
     torch.testing.assert_close(bf16_loss, fp32_loss, rtol=2e-3, atol=0)
     cosine = nn.functional.cosine_similarity(bf16_gradients, fp32_gradients, dim=0)
     assert cosine > 0.995 and bf16_gradients.norm().item() == pytest.approx(fp32_gradients.norm().item(), rel=3e-2)
+
+
+def test_the_plain_model_attends_in_the_autocast_dtype(recording_attention: list[torch.dtype]) -> None:
+    """The control of the test above: without kernelize, attention receives autocast's bfloat16."""
+    config = VaswaniConfig(**TINY_MODEL)
+    model = VaswaniForConditionalGeneration._from_config(config, attn_implementation="recording_sdpa").train()
+    source = torch.randint(4, config.vocab_size, (2, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=source, labels=source)
+    assert recording_attention == [torch.bfloat16] * 6

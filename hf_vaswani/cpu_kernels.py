@@ -1,39 +1,76 @@
-"""Faster paths for the model of modeling_vaswani.py: same functions, less time. Nothing here changes what is computed.
+"""Faster CPU kernels for the plain model of modeling_vaswani.py, attached from outside: same functions, less time.
 
-- `VaswaniLinear`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or oneDNN's, whichever
-  measures fastest on the running CPU) while decoding on a CPU.
+`kernelize(model)` gives a model's plain modules faster forwards, as transformers' `kernelize` and accelerate's hooks
+do: it changes the class of its nn.Linear and nn.Dropout modules to the subclasses below (no new parameters or
+buffers, so state dicts and saved folders are unchanged), sets its `loss_function` to the chunked loss on the fastest
+products, and wraps its `generate` so that each call multiplies by packed decoding weights. The package applies it
+wherever it builds or loads a model; a model loaded from the Hub as remote code is the plain one, computing the same.
+
+- `FastestKernelLinear`, `packed_weights`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or
+  oneDNN's, whichever measures fastest on the running CPU) while decoding on a CPU.
 - `product`, `LinearByFastestProducts`: the float32 CPU products of training and of many-row inference (a linear
   layer's forward and both gradients, the loss's output projection) by oneDNN where it measures faster than torch's
   BLAS on the running CPU.
 - `kernels_chosen_by_timing`: whether the kernels above are chosen by measurement. Timings vary with the machine's
   load, so two runs can choose differently and round differently; under `torch.use_deterministic_algorithms` (as
   TrainingArguments' `full_determinism` sets) torch's own kernels run instead, and a seeded run repeats bit for bit.
-- `VaswaniDropout`: nn.Dropout with a cheaper CPU mask.
-- `attend_with_shared_source`: the beams of a sentence attend to one copy of its encoder states.
-- `float32_attention`: attention in float32 under CPU autocast (bf16 mixed precision).
+- `CheapMaskDropout`: nn.Dropout with a cheaper CPU mask.
+- `Float32AttentionUnderCpuAutocast`, `float32_attention`: attention in float32 under CPU autocast (bf16 mixed
+  precision).
 
-This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
+These kernels are torch operators outside its public API (torch.ops.mkl, torch.ops.mkldnn): package code only.
 """
 
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from functools import cache, partial
+from contextlib import AbstractContextManager, contextmanager
+from functools import cache, partial, update_wrapper
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
+from transformers import GenerationMixin, PreTrainedModel
+
+from .loss_vaswani import label_smoothed_loss
+from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniMultiHeadAttention
 
 
-class VaswaniLinear(nn.Linear):
-    """nn.Linear that multiplies few rows by a pre-packed weight in CPU inference.
+def kernelize(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` with this module's kernels attached (in place; returned for chaining). Applying it twice changes
+    nothing more. `quantization.quantize_int8` turns the linear layers back into nn.Linear for torch.ao."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = FastestKernelLinear
+        elif type(module) is nn.Dropout:
+            module.__class__ = CheapMaskDropout
+        elif type(module) is VaswaniMultiHeadAttention:
+            module.__class__ = Float32AttentionUnderCpuAutocast
+    if isinstance(model, VaswaniForConditionalGeneration):
+        model.loss_function = partial(label_smoothed_loss, product=product)
+    if isinstance(model, GenerationMixin) and "generate" not in vars(model):
+        # bound by partial, as accelerate's add_hook_to_module binds forward: a deep copy of the model (int8) then
+        # calls its own generate
+        model.generate = update_wrapper(partial(generate_with_packed_weights, model.generate), model.generate)
+    return model
+
+
+def generate_with_packed_weights(generate: Callable, *args, **kwargs):
+    """`generate(*args, **kwargs)` with its model's decoding weights packed for the call (`packed_weights`), unless
+    the caller holds them packed for many calls."""
+    with packed_weights(generate.__self__):
+        return generate(*args, **kwargs)
+
+
+class FastestKernelLinear(nn.Linear):
+    """nn.Linear whose float32 CPU products run on the kernel measured fastest, and that multiplies few rows by a
+    pre-packed weight in CPU inference.
 
     A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
     are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
-    by `packed_decoder_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
-    multiplies by it instead: the same product up to float rounding (README, "Performance"). Other products go through
+    by `packed_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
+    multiplies by it instead: the same product up to float rounding (docs/performance.md). Other products go through
     `LinearByFastestProducts`, which picks each product's kernel by measurement.
     """
 
@@ -93,7 +130,7 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> 
     MIN_SPEEDUP; measured once per process, shape and thread count on products of 8 and 32 rows (greedy and beam-4
     steps of 8 sentences).
 
-    Which kernel wins depends on the CPU (README, "Performance"), so it is measured where the model runs.
+    Which kernel wins depends on the CPU (docs/performance.md), so it is measured where the model runs.
     """
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
     inputs = [torch.randn(rows, in_features) for rows in (8, ROWS_HINT)]
@@ -132,10 +169,19 @@ def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[to
     return [multiply(x) for x in inputs]
 
 
+def packed_weights(model: PreTrainedModel) -> AbstractContextManager[None]:
+    """The weights of `model`'s decoder and output projection, multiplied at every decoding step, packed while the
+    block runs (`packed_decoder_weights`). A kernelized `generate` packs them for its own call; a loop of `generate`
+    calls over batches holds them packed across the loop with this, saving the packing per call (~60 ms at base
+    size). The weights must not change inside the block. A model without FastestKernelLinear layers has nothing to
+    pack."""
+    return packed_decoder_weights([model.get_decoder(), model.get_output_embeddings()])
+
+
 @contextmanager
 def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
-    """Packed copies of the float32 CPU VaswaniLinear weights among `layers` for the duration of the block, in the
-    kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
+    """Packed copies of the float32 CPU FastestKernelLinear weights among `layers` for the duration of the block, in
+    the kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
 
     Scoped to a block in which the weights cannot change, one `generate` call or a caller's batch loop (an in-place
     update such as fused AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go
@@ -145,7 +191,7 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
         module
         for layer in layers
         for module in layer.modules()
-        if isinstance(module, VaswaniLinear) and module.packed_weight is None
+        if isinstance(module, FastestKernelLinear) and module.packed_weight is None
     ]
     threads = torch.get_num_threads()
     for linear in linears:
@@ -178,7 +224,7 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
 
     torch's float32 CPU products run on MKL where torch is built with it, and MKL keeps its AVX-512 kernels for Intel
     CPUs; on an AMD EPYC oneDNN's inner product took 0.43x MKL's time for a training step's (768 x 512) x (512 x 2048)
-    (README, "Performance"). So the first float32 CPU product of each shape class (each size rounded up to a power of
+    (docs/performance.md). So the first float32 CPU product of each shape class (each size rounded up to a power of
     two), operand layout and thread count is timed both ways on its own operands and the faster kept, oneDNN only if
     it beats torch by MIN_SPEEDUP, its time counting the copies that make transposed operands contiguous.
     """
@@ -227,7 +273,7 @@ class LinearByFastestProducts(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias
 
 
-class VaswaniDropout(nn.Dropout):
+class CheapMaskDropout(nn.Dropout):
     """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random words.
 
     torch's CPU bernoulli_ draws one random number per element, which made dropout about 8% of a training step; four
@@ -244,37 +290,6 @@ class VaswaniDropout(nn.Dropout):
         return input * keep * (2**16 / (2**16 - dropped))
 
 
-def attend_with_shared_source(
-    attention: Callable,
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Encoder-decoder attention of `group` decoder rows per sentence to one copy of each sentence's keys and values.
-
-    During generation the beams (or returned sequences) of a sentence share its encoder states instead of holding
-    `group` copies (generation_vaswani's `_expand_inputs_for_generation`): their queries are stacked along the length
-    axis and attend to that one copy together, which is the same attention. `attention` is any of transformers'
-    attention functions; returns its output as (batch, length, heads, d_v) and its weights as (batch, heads, length,
-    source length), as if the keys and values had been copied.
-    """
-    batch_size, _, length, _ = query.shape
-    group = batch_size // key.shape[0]
-    if group * key.shape[0] != batch_size:
-        raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
-    query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
-    output, weights = attention(module, query, key, value, attention_mask, **kwargs)
-    if weights is not None:
-        weights = weights.unflatten(2, (group, length)).transpose(1, 2).flatten(0, 1)
-    # (batch / group, group * length, heads, d_v) holds the same memory order as (batch, length, heads, d_v)
-    return output.reshape(batch_size, length, *output.shape[2:]), weights
-
-
 def float32_attention(
     attention: Callable,
     module: nn.Module,
@@ -284,7 +299,7 @@ def float32_attention(
     attention_mask: torch.Tensor | None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`attention` on float32 copies of its inputs, with CPU autocast off; the output stays float32 (the output
+    """`attention` on float32 copies of its CPU inputs, with CPU autocast off; the output stays float32 (the output
     projection casts it back under autocast).
 
     torch's CPU flash attention backward in bfloat16 measured 10x its float32 time on an AMD EPYC with AVX512-BF16
@@ -292,5 +307,17 @@ def float32_attention(
     step's matmul FLOPs (length / (4 d_model) of the projections'): float32 costs little anywhere and is what mixed
     precision keeps for softmax anyway.
     """
+    if query.device.type != "cpu":
+        return attention(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
         return attention(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
+
+
+class Float32AttentionUnderCpuAutocast(VaswaniMultiHeadAttention):
+    """Multi-head attention whose attention function runs in float32 under CPU autocast (`float32_attention`)."""
+
+    def attention_function(self) -> Callable:
+        attention = super().attention_function()
+        if torch.is_autocast_enabled("cpu"):
+            return partial(float32_attention, attention)
+        return attention

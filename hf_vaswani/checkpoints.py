@@ -1,0 +1,71 @@
+"""Which of a run's checkpoints are complete enough to resume from; incomplete ones are moved aside."""
+
+import json
+import logging
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+logger = logging.getLogger(__name__)
+
+
+# What Trainer needs to continue a run exactly; it silently starts afresh (new Adam moments, schedule from step 0 or
+# new random state) where one is missing, so a checkpoint without all of them is not one to resume from.
+CHECKPOINT_ARCHIVES = ("optimizer.pt", "scheduler.pt")  # torch.save zip archives
+
+
+INCOMPLETE_PREFIX = "incomplete-"  # not `checkpoint-*`: Trainer's rotation and the averaging never see these folders
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why `checkpoint` cannot be resumed from (a file missing or cut short), or None when it is complete.
+
+    Reads headers and archive directories only (cheap at any model size): a save killed midway leaves files missing or
+    truncated, which these catch; they do not verify every byte.
+    """
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"trainer_state.json: {type(error).__name__}"
+    try:
+        with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
+            weights.keys()
+    except (OSError, SafetensorError) as error:
+        return f"model.safetensors: {' '.join(str(error).split()) or type(error).__name__}"
+    random_states = sorted(path.name for path in checkpoint.glob("rng_state*.pth"))
+    if not random_states:
+        return "no rng_state*.pth"
+    for name in (*CHECKPOINT_ARCHIVES, *random_states):
+        try:
+            zipfile.ZipFile(checkpoint / name).close()
+        except (OSError, zipfile.BadZipFile) as error:
+            return f"{name}: {type(error).__name__}"
+    return None
+
+
+def newest_complete_checkpoint(checkpoint_dir: str | Path, move_aside: bool = True) -> Path | None:
+    """The `checkpoint-<step>` folder with the highest step that is complete, or None when there is none.
+
+    Each newer incomplete one (a run killed while saving) is logged in one line naming it, why and the fallback, and
+    with `move_aside` renamed to `incomplete-checkpoint-<step>`, where neither Trainer's rotation nor the averaging
+    picks it up; it is kept for inspection rather than deleted.
+    """
+    checkpoints = [path for path in Path(checkpoint_dir).glob("checkpoint-*") if path.name.split("-")[1].isdigit()]
+    newest_first = sorted(checkpoints, key=lambda path: int(path.name.split("-")[1]), reverse=True)
+    for index, checkpoint in enumerate(newest_first):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        fallback = (
+            f"resuming from {newest_first[index + 1].name}" if index + 1 < len(newest_first) else "starting afresh"
+        )
+        if move_aside:
+            aside = checkpoint.with_name(INCOMPLETE_PREFIX + checkpoint.name)
+            shutil.rmtree(aside, ignore_errors=True)  # an older broken copy of the same step
+            os.replace(checkpoint, aside)
+            fallback = f"moved to {aside.name}; {fallback}"
+        logger.warning(f"{checkpoint} is incomplete ({problem}); {fallback}")
+    return None
