@@ -61,8 +61,12 @@ def training_precision(settings: RecipeSettings) -> str:
     if not settings.bf16_if_faster:
         return "bf16" if settings.bf16 else "fp16" if settings.fp16 else "fp32"
     flag = setting_flag("bf16_if_faster")
-    if torch.cuda.is_available() or torch.backends.mps.is_available():
-        raise ValueError(f"{flag} measures CPU training; on an accelerator pass {setting_flag('bf16')} or nothing")
+    if torch.cuda.is_available():  # bf16 tensor cores: faster wherever the GPU has them
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        print(f"{flag}: {precision} (on {torch.cuda.get_device_name()})", file=sys.stderr)
+        return precision
+    if torch.backends.mps.is_available():
+        raise ValueError(f"{flag} measures CPU training; on MPS pass {setting_flag('bf16')} or nothing")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would measure, and they could disagree
         raise ValueError(f"{flag} measures in one process; with several, pass {setting_flag('bf16')} or nothing")
     if not cpu_bf16_matmul_works():

@@ -120,7 +120,8 @@ class RecipeSettings:
         default=False,
         metadata={
             "help": "bf16 mixed precision if a few training steps of the model measure it at least "
-            "1.1x faster than fp32 on this machine's CPU (as with AVX512-BF16 or AMX), else fp32; one process"
+            "1.1x faster than fp32 on this machine's CPU (as with AVX512-BF16 or AMX), else fp32; one process; on a "
+            "CUDA GPU, bf16 where it supports it"
         },
     )
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
