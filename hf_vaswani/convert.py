@@ -348,7 +348,7 @@ _CONVERTERS = {
 def _tokenizer_matches(original: PreTrainedTokenizerBase, folder: Path) -> bool:
     """Whether AutoTokenizer loads from `folder` and encodes and decodes like `original`."""
     try:
-        reloaded = AutoTokenizer.from_pretrained(folder)
+        reloaded = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except Exception as error:  # any loading failure means the saved files are unusable
         logger.warning("the saved tokenizer does not load: %s", error)
         return False
@@ -394,14 +394,14 @@ def convert_folder(kind: str, source_dir: str | os.PathLike, output_dir: str | o
     if kind not in _CONVERTERS:
         raise ValueError(f"kind must be one of {sorted(_CONVERTERS)}, got {kind!r}")
     source_dir, output_dir = Path(source_dir), Path(output_dir)
-    model_type = AutoConfig.from_pretrained(source_dir, local_files_only=True).model_type
+    model_type = AutoConfig.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).model_type
     if model_type != kind:
         raise ValueError(f"{source_dir} holds a {model_type!r} model, not {kind!r}")
     model_class, convert = _CONVERTERS[kind]
-    source = model_class.from_pretrained(source_dir, local_files_only=True).eval()
+    source = model_class.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).eval()
     try:
         # no local_files_only here: tokenizers persist their loading arguments into the tokenizer_config.json we save
-        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+        tokenizer = AutoTokenizer.from_pretrained(source_dir, trust_remote_code=False)
     except Exception as error:
         raise ValueError(f"{source_dir} has no loadable tokenizer, which the translation folder needs") from error
     converted = convert(source).eval()

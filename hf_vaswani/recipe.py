@@ -111,7 +111,8 @@ def run_recipe(
         remove_run(output_dir)
     tokenizer_dir = output_dir / TOKENIZER_FOLDER
     if resume and tokenizer_dir.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # retrained BPE could give the weights other ids
+        # the run's own vocabulary: a retrained BPE could give the weights other ids
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
     else:
         tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size)
     if is_main_process():
