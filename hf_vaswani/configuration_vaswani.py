@@ -10,6 +10,9 @@ from typing import Literal
 
 from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, PreTrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # Keys that transformers passes to a config, or writes into config.json, which are neither fields nor attributes of
 # PreTrainedConfig: arguments its __post_init__ and from_dict consume, and entries added for remote code, custom
@@ -112,19 +115,42 @@ class VaswaniConfig(PreTrainedConfig):
             self.decoder_start_token_id = self.bos_token_id
         super().__post_init__(**kwargs)
 
-    def _check_keys(self, kwargs: dict) -> None:
-        """Refuses keys that neither this config nor transformers knows: a misspelt field would otherwise be kept as
-        an attribute nobody reads while the field keeps its default."""
+    @classmethod
+    def unknown_keys(cls, keys) -> list[str]:
+        """The keys among `keys` that neither this config nor transformers knows."""
         # PreTrainedConfig drops these itself; private, and no public name gives this set (tests/test_private_api.py)
         generation_keys = GenerationConfig._get_default_generation_params()
-        for key in kwargs:
-            known_attribute = hasattr(type(self), key) and not callable(getattr(type(self), key))  # a property
-            if known_attribute or key in self.attribute_map or key in TRANSFORMERS_KEYS or key in generation_keys:
-                continue
+        return [
+            key
+            for key in keys
+            if not (hasattr(cls, key) and not callable(getattr(cls, key)))  # a field or property
+            and key not in cls.attribute_map
+            and key not in TRANSFORMERS_KEYS
+            and key not in generation_keys
+        ]
+
+    def _check_keys(self, kwargs: dict) -> None:
+        """Refuses keys that neither this config nor transformers knows when a config is built from code: a misspelt
+        field would otherwise be kept as an attribute nobody reads while the field keeps its default."""
+        for key in self.unknown_keys(kwargs):
             fields = [field.name for field in dataclasses.fields(self)]
             suggestion = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {suggestion[0]!r}?" if suggestion else ""
             raise ValueError(f"{type(self).__name__} has no key {key!r}{hint}")
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """What `save_pretrained` writes, `from_pretrained` reads: keys another tool set on a config (as PEFT and TRL
+        do) are kept as attributes, with a warning, as transformers' own configs keep them."""
+        unknown = cls.unknown_keys(key for key in config_dict if key not in RETIRED_KEYS)
+        known = {key: value for key, value in config_dict.items() if key not in unknown}
+        loaded = super().from_dict(known, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        if unknown:
+            logger.warning(f"{cls.__name__}: keeping keys it does not read: {', '.join(sorted(unknown))}")
+        for key in unknown:
+            setattr(config, key, config_dict[key])
+        return loaded
 
     def _check_values(self) -> None:
         # Raise plain ValueErrors naming the field: strict's own validators wrap errors in a non-ValueError class.

@@ -90,6 +90,22 @@ def test_keys_that_transformers_passes_or_saves_are_accepted(tmp_path) -> None:
     assert loaded.config.to_diff_dict() == AutoConfig.from_pretrained(tmp_path).to_diff_dict()
 
 
+def test_what_save_pretrained_writes_from_pretrained_reads(tmp_path, caplog) -> None:
+    """An attribute another tool sets on a config (PEFT, TRL, transformers' test helpers) survives a save and a load,
+    with a warning naming it; the constructor still refuses the same key when given by hand (test above)."""
+    model = VaswaniForConditionalGeneration(VaswaniConfig(**SMALLEST_MODEL))
+    model.config.some_tool_field = {"rank": 8}
+    model.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING"):
+        config = AutoConfig.from_pretrained(tmp_path)
+    assert config.some_tool_field == {"rank": 8} and config.d_model == SMALLEST_MODEL["d_model"]
+    assert "some_tool_field" in caplog.text
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert loaded.config.some_tool_field == {"rank": 8}
+    for name, parameter in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], parameter, rtol=0, atol=0)
+
+
 def test_retired_keys_of_saved_configs_are_dropped(tmp_path) -> None:
     VaswaniConfig(num_heads=2, d_model=16, vocab_size=40).save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())

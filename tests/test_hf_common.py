@@ -72,19 +72,6 @@ def listed_as_a_transformers_model():
         del names["vaswani"]
 
 
-def set_config_for_less_flaky_test(config: VaswaniConfig) -> None:
-    """transformers' helper sets every epsilon name any model uses (batch_norm_eps, rms_norm_eps, ...) to 1.0; a
-    VaswaniConfig refuses keys it does not know when it is built, also from a config.json holding them, so the mixins'
-    save-and-reload would fail. This model's one epsilon gets the same value."""
-    config.layer_norm_eps = 1.0
-
-
-@pytest.fixture(autouse=True)
-def epsilons_this_config_has(monkeypatch):
-    for module in (modeling_tests, generation_tests):
-        monkeypatch.setattr(module, "set_config_for_less_flaky_test", set_config_for_less_flaky_test)
-
-
 class VaswaniModelTester:
     """Marian's tester with this model's config: tiny, dropout on (the mixins check eval mode turns it off)."""
 
