@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import warnings
@@ -224,11 +225,13 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
         ``output_dir`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: no checkpoints, mismatched tensors (naming the checkpoint and the tensor), differing integer
-            tensors, differing tokenizer files or configs, a truncated weights file (naming it), or ``output_dir`` is
-            one of the checkpoints.
+        ValueError: no checkpoints (or one path instead of a list), mismatched tensors (naming the checkpoint and
+            the tensor), differing integer tensors, differing tokenizer files or configs, a truncated weights file
+            (naming it), or ``output_dir`` is one of the checkpoints.
         FileNotFoundError: a checkpoint has no safetensors weights.
     """
+    if isinstance(checkpoints, (str, os.PathLike)):  # a str is a Sequence too: each character would be a folder
+        raise ValueError(f"checkpoints must be a list of checkpoint folders, not one path: pass [{str(checkpoints)!r}]")
     if not checkpoints:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     paths = [Path(checkpoint) for checkpoint in checkpoints]

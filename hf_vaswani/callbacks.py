@@ -1,13 +1,17 @@
-"""Trainer callbacks of the recipe: the checkpoint average at the end of training (§6.1) and validation BLEU."""
+"""Trainer callbacks of the recipe: the checkpoint average at the end of training (§6.1), validation BLEU and the
+validation loss."""
 
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase, TrainerCallback
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from .averaging import average_checkpoints, last_checkpoints
+from .batching import TokenBatchSampler
 from .files import replace_folder
 from .metrics import corpus_scores, lowercased_tokenized_bleu
 from .translation import translate
@@ -136,3 +140,114 @@ class ValidationBleuCallback(TrainerCallback):
             logger.info(f"validation BLEU has not improved for {self.early_stopping_patience} evaluations: stopping")
             control.should_training_stop = True
             control.should_save = True  # the last step's weights become a checkpoint for the average
+
+
+VALIDATION_LOSS_KEYS = ("eval_loss", "eval_nll_loss")  # what ValidationLossCallback logs
+
+
+def best_validation_loss(log_history: list[dict]) -> dict | None:
+    """The entry `ValidationLossCallback` logged with the lowest validation loss (the first of equal ones: only a
+    strictly lower loss improves, as fairseq's patience counts)."""
+    validations = [entry for entry in log_history if all(key in entry for key in VALIDATION_LOSS_KEYS)]
+    return min(validations, key=lambda entry: entry["eval_loss"], default=None)
+
+
+def validation_loss(
+    model: PreTrainedModel, batches: Sequence[dict[str, torch.Tensor]], label_smoothing: float
+) -> tuple[float, float]:
+    """The label-smoothed loss and the cross-entropy per target token over all `batches` (collated, labels -100 where
+    padded), dropout off: each a sum over every target token of the set divided by their number, as fairseq's
+    validation (not a mean of batch means). In nats; fairseq prints them in bits (divided by ln 2)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)  # smoothed loss, cross-entropy, target tokens
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                batch = {name: tensor.to(model.device) for name, tensor in batch.items()}
+                # num_items_in_batch 1: the model returns the sums over the batch's tokens, not their mean
+                output = model(**batch, smoothing=label_smoothing, num_items_in_batch=1)
+                nll = output.loss if output.nll_loss is None else output.nll_loss  # None: the loss is the NLL
+                labels = batch["labels"]
+                tokens = ((labels != -100) & (labels != model.config.pad_token_id)).sum()  # those the loss counts
+                sums += torch.stack([output.loss, nll, tokens]).to("cpu", torch.float64)
+    finally:
+        model.train(was_training)
+    loss, nll, tokens = sums.tolist()
+    return loss / tokens, nll / tokens
+
+
+class ValidationLossCallback(TrainerCallback):
+    """fairseq's validation: the loss per target token of a validation set, at every checkpoint, with its patience.
+
+    Whenever a checkpoint is about to be saved (every `save_steps`, every epoch with `save_strategy="epoch"`, at the
+    last step), computes `validation_loss` with `label_smoothing` (that of training) on `dataset` (tokenized:
+    `input_ids` and `labels`) in batches of about `max_tokens` tokens a side (`TokenBatchSampler`, shortest first), and
+    logs through `log` (give it `trainer.log`: the entry lands in `state.log_history` and the checkpoint saved next)
+    `eval_loss` and `eval_nll_loss`. With `early_stopping_patience`, training stops when that many validations in a row
+    have not brought a strictly lower loss than the best (fairseq's `--patience`); the checkpoint of the stop is saved,
+    and `CheckpointAveragingCallback` averages the last ones before it, as fairseq does. Every process computes the
+    whole set, so that all take the same decision.
+
+    Add it after every callback that may ask for a checkpoint (`ValidationBleuCallback`, the time budget): Trainer
+    runs callbacks in order, and this one validates at the saves asked for before it.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        data_collator: Callable[[list[dict]], dict[str, torch.Tensor]],
+        max_tokens: int,
+        label_smoothing: float,
+        log: Callable[[dict[str, float]], None],
+        early_stopping_patience: int | None = None,
+    ) -> None:
+        if early_stopping_patience is not None and early_stopping_patience <= 0:
+            raise ValueError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
+        sampler = TokenBatchSampler(
+            [len(ids) for ids in dataset["input_ids"]],
+            [len(ids) for ids in dataset["labels"]],
+            max_tokens=max_tokens,
+            shuffle=False,
+        )
+        columns = dataset.select_columns(["input_ids", "attention_mask", "labels"])
+        self.batches = [data_collator([columns[index] for index in batch]) for batch in sampler]  # collated once
+        self.label_smoothing = label_smoothing
+        self.log = log
+        self.early_stopping_patience = early_stopping_patience
+        self.best_step: int | None = None
+        self.best_loss: float | None = None
+        self.validations_without_improvement = 0
+        self.last_validated_step: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        # A resumed run has its log history back from the checkpoint, whose validation was logged before it was saved:
+        # the best loss and the patience count continue exactly from there.
+        validations = [entry for entry in state.log_history if all(key in entry for key in VALIDATION_LOSS_KEYS)]
+        best = best_validation_loss(validations)
+        self.best_step, self.best_loss = (best["step"], best["eval_loss"]) if best else (None, None)
+        self.validations_without_improvement = len(validations) - 1 - validations.index(best) if best else 0
+        self.last_validated_step = validations[-1]["step"] if validations else None
+
+    def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
+        self._validate_before_a_save(state, control, model)
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs) -> None:
+        self._validate_before_a_save(state, control, model)
+
+    def _validate_before_a_save(self, state, control, model: PreTrainedModel) -> None:
+        # A stop at max_steps mid-epoch asks for the same checkpoint at the step and again at the epoch's end.
+        if not control.should_save or state.global_step == self.last_validated_step:
+            return
+        self.last_validated_step = state.global_step
+        loss, nll = validation_loss(model, self.batches, self.label_smoothing)
+        self.log({"eval_loss": loss, "eval_nll_loss": nll})
+        if self.best_loss is None or loss < self.best_loss:
+            self.best_step, self.best_loss = state.global_step, loss
+            self.validations_without_improvement = 0
+        else:
+            self.validations_without_improvement += 1
+        patience = self.early_stopping_patience
+        if patience and self.validations_without_improvement >= patience:
+            logger.info(f"the validation loss has not improved for {patience} validations: stopping")
+            control.should_training_stop = True

@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_ARCHIVES = ("optimizer.pt", "scheduler.pt")  # torch.save zip archives
 
 
+TRAINER_STATE = "trainer_state.json"  # Trainer's state at the checkpoint: step, log history, its control flags
 INCOMPLETE_PREFIX = "incomplete-"  # not `checkpoint-*`: Trainer's rotation and the averaging never see these folders
 
 
@@ -27,9 +28,9 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     truncated, which these catch; they do not verify every byte.
     """
     try:
-        json.loads((checkpoint / "trainer_state.json").read_text())
+        json.loads((checkpoint / TRAINER_STATE).read_text())
     except (OSError, ValueError) as error:
-        return f"trainer_state.json: {type(error).__name__}"
+        return f"{TRAINER_STATE}: {type(error).__name__}"
     try:
         with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
             weights.keys()
@@ -69,3 +70,10 @@ def newest_complete_checkpoint(checkpoint_dir: str | Path, move_aside: bool = Tr
             fallback = f"moved to {aside.name}; {fallback}"
         logger.warning(f"{checkpoint} is incomplete ({problem}); {fallback}")
     return None
+
+
+def training_ended(checkpoint: Path) -> bool:
+    """Whether Trainer saved `checkpoint` as training ended (at max_steps, an early stop or the time budget): the
+    control state it stores with each checkpoint then says that training should stop."""
+    control = json.loads((checkpoint / TRAINER_STATE).read_text()).get("stateful_callbacks", {}).get("TrainerControl")
+    return bool(control and control["args"].get("should_training_stop"))

@@ -6,12 +6,31 @@ id outside the vocabulary would end in an IndexError deep inside an embedding. T
 """
 
 import torch
+from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
+
+# The index types an embedding lookup accepts.
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)
+DIMENSIONS = {2: "batch, length", 3: "batch, length, d_model"}
+
+
+def check_tensor(name: str, value: object, ndim: int) -> None:
+    """Refuses an input that is not a tensor of `ndim` dimensions (a list, or a sentence without its batch
+    dimension), which would fail deep inside the model with an error that names neither."""
+    if value is not None and (not isinstance(value, torch.Tensor) or value.ndim != ndim):
+        got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must be a tensor of shape ({DIMENSIONS[ndim]}), got {got}")
 
 
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignored_id: int | None = None) -> None:
-    """Refuses ids outside [0, vocab_size), naming the first one, instead of an IndexError deep in an embedding."""
-    if ids is None or torch.compiler.is_compiling():  # a data-dependent check would break a fullgraph compile
+    """Refuses ids that are not integers of [0, vocab_size), naming the first one outside it, instead of an error deep
+    in an embedding."""
+    if ids is None:
+        return
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES:
+        got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a tensor of token ids (torch.long or torch.int), got {got}")
+    if torch.compiler.is_compiling():  # a data-dependent check would break a fullgraph compile
         return
     valid = (ids >= 0) & (ids < vocab_size)
     if ignored_id is not None:
@@ -36,6 +55,10 @@ def check_inputs(
     (or returned sequences) of each sentence share its encoder states (attend_with_shared_source), so the decoder batch
     is then a positive multiple of the encoder batch.
     """
+    check_tensor("input_ids", input_ids, 2)
+    check_tensor("inputs_embeds", inputs_embeds, 3)
+    check_tensor("decoder_input_ids", decoder_input_ids, 2)
+    check_tensor("decoder_inputs_embeds", decoder_inputs_embeds, 3)
     if encoder_outputs is not None:
         source = encoder_outputs.last_hidden_state
     else:
@@ -71,6 +94,26 @@ def check_inputs(
             f"decoder_attention_mask shape {tuple(decoder_attention_mask.shape)} does not match the decoder input "
             f"shape {tuple(target.shape[:2])} after {past_length} cached positions"
         )
+
+
+def check_source(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, embeddings: nn.Embedding) -> None:
+    """Refuses a source the encoder cannot read, naming the argument: ids that are not (batch, length) vocabulary ids,
+    embeddings that are not (batch, length, d_model) of the embeddings' dtype, or a source without a token."""
+    check_tensor("input_ids", input_ids, 2)
+    check_tensor("inputs_embeds", inputs_embeds, 3)
+    check_token_ids("input_ids", input_ids, embeddings.num_embeddings)
+    if inputs_embeds is not None and inputs_embeds.shape[-1] != embeddings.embedding_dim:
+        raise ValueError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, not d_model {embeddings.embedding_dim}")
+    # under autocast each operation casts its inputs itself; otherwise the first Linear would refuse another dtype
+    if (
+        inputs_embeds is not None
+        and inputs_embeds.dtype != embeddings.weight.dtype
+        and not torch.is_autocast_enabled(inputs_embeds.device.type)
+    ):
+        raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}, the model {embeddings.weight.dtype}")
+    source, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
+    if source is not None and 0 in source.shape[:2]:  # every encoded sentence holds at least its </s>
+        raise ValueError(f"{name} holds no token: shape {tuple(source.shape)}")
 
 
 def check_labels(labels: torch.Tensor, decoder_inputs: torch.Tensor | None, vocab_size: int) -> None:

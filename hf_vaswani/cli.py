@@ -106,41 +106,44 @@ def load_data(args: argparse.Namespace):
 def command_demo(args: argparse.Namespace) -> None:
     from .demo_corpus import make_synthetic_corpus
     from .recipe import run_recipe
-    from .run_folder import check_output_dir
+    from .run_folder import check_output_dir, claimed_run_folder
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
-    check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
-    results = run_recipe(
-        make_synthetic_corpus(seed=args.seed),
-        args.output_dir,
-        settings,
-        dataset_name="hf_vaswani-synthetic-en-de",
-        resume=args.resume,
-        overwrite=args.overwrite,
-        command=args.command_line,
-    )
+    with claimed_run_folder(args.output_dir):
+        check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
+        results = run_recipe(
+            make_synthetic_corpus(seed=args.seed),
+            args.output_dir,
+            settings,
+            dataset_name="hf_vaswani-synthetic-en-de",
+            resume=args.resume,
+            overwrite=args.overwrite,
+            command=args.command_line,
+        )
     print_summary(results, Path(args.output_dir))
 
 
 def command_train(args: argparse.Namespace) -> None:
     from .recipe import run_recipe
-    from .run_folder import check_output_dir
+    from .run_folder import check_output_dir, claimed_run_folder
 
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
-    check_output_dir(args.output_dir, settings, args.resume, args.overwrite)  # so does a run already in the folder
-    corpus = load_data(args)
-    name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
-    results = run_recipe(
-        corpus,
-        args.output_dir,
-        settings,
-        args.source_lang,
-        args.target_lang,
-        dataset_name=name,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        command=args.command_line,
-    )
+    # So does a folder another run writes to or a run already in it.
+    with claimed_run_folder(args.output_dir):
+        check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
+        corpus = load_data(args)
+        name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
+        results = run_recipe(
+            corpus,
+            args.output_dir,
+            settings,
+            args.source_lang,
+            args.target_lang,
+            dataset_name=name,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            command=args.command_line,
+        )
     if results:
         print_summary(results, Path(args.output_dir))
 

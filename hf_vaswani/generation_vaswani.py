@@ -14,11 +14,12 @@ The one `generate` override of the model is here, and the overrides of transform
 (tests/test_private_api.py checks each against the installed transformers). Each call's choices travel with the call:
 the penalty's form in the type of the `length_penalty` that transformers hands to its beam-search hooks, sharing the
 encoder states in the inputs it hands to `_expand_inputs_for_generation`. This file travels to the Hub with
-`trust_remote_code`: it imports only torch and transformers.
+`trust_remote_code`: it imports only torch, transformers and the checks beside it (checks_vaswani.py).
 """
 
 import copy
 import math
+import numbers
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -30,6 +31,8 @@ from transformers.generation.logits_process import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
+
+from .checks_vaswani import check_source
 
 
 class GnmtLengthPenalty(float):
@@ -141,6 +144,35 @@ class BannedColumnsLogitsProcessor(LogitsProcessor):
         return merged
 
 
+# Settings that generate would crash on or silently misuse below these values: num_beams 0 divides by zero.
+LEAST_COUNTS = {
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "max_new_tokens": 1,
+    "max_length": 1,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "max_new_tokens_over_source": 0,
+}
+CHECKED_SETTINGS = (*LEAST_COUNTS, "length_penalty")
+
+
+def check_generation_settings(settings: dict) -> None:
+    """Refuses (ValueError naming the setting) values of a generation config, or of a `generate` call, that generate
+    would crash on or silently misuse; a setting that is absent or None takes its default. transformers' own
+    `GenerationConfig.validate` checks others (max_new_tokens < 1, early_stopping) as a config is built."""
+    for name, least in LEAST_COUNTS.items():
+        value = settings.get(name)
+        if value is not None and not (isinstance(value, numbers.Integral) and value >= least):
+            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    penalty = settings.get("length_penalty")
+    # NaN compares False with every score: every hypothesis would rank alike
+    if penalty is not None and not (isinstance(penalty, numbers.Real) and math.isfinite(penalty)):
+        raise ValueError(f"length_penalty must be a finite number, got {penalty!r}")
+    if settings.get("length_penalty_type") not in (None, "gnmt", "power"):
+        raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {settings['length_penalty_type']!r}")
+
+
 class PaperDecodingMixin:
     """`generate` with §6.1's length penalty and source-relative maximum length; mixed into the generating model."""
 
@@ -148,16 +180,19 @@ class PaperDecodingMixin:
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
         config = generation_config if generation_config is not None else self.generation_config
+        source_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        check_source(source_ids, kwargs.get("inputs_embeds"), self.get_input_embeddings())
         extra = kwargs.pop("max_new_tokens_over_source", getattr(config, "max_new_tokens_over_source", None))
+        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
+        settings = {name: self._call_setting(name, generation_config, kwargs) for name in CHECKED_SETTINGS}
+        settings.update(max_new_tokens_over_source=extra, length_penalty_type=penalty_type)
+        check_generation_settings(settings)
         source_lengths = self._source_lengths(inputs, kwargs) if extra is not None else None
         if source_lengths is not None:
             if kwargs.get("max_new_tokens") is None and kwargs.get("max_length") is None:
                 kwargs["max_new_tokens"] = int(source_lengths.max()) + extra
             cap = SourceLengthCapLogitsProcessor(source_lengths, extra, self._eos_id(config))
             kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), cap])
-        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
-        if penalty_type not in ("gnmt", "power"):
-            raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {penalty_type!r}")
         if penalty_type == "gnmt" and (self._call_setting("num_beams", generation_config, kwargs) or 1) > 1:
             alpha = self._call_setting("length_penalty", generation_config, kwargs)
             alpha = GnmtLengthPenalty(1.0 if alpha is None else alpha)  # None: transformers' default, 1.0
@@ -198,7 +233,11 @@ class PaperDecodingMixin:
     def _call_setting(self, name: str, generation_config: GenerationConfig | None, kwargs: dict):
         """A generation setting of one `generate` call as transformers resolves it: the argument, else the given
         generation config's, else the model's; None where none sets it (transformers' default applies)."""
-        settings = (kwargs.get(name), getattr(generation_config, name, None), getattr(self.generation_config, name))
+        settings = (
+            kwargs.get(name),
+            getattr(generation_config, name, None),
+            getattr(self.generation_config, name, None),
+        )
         return next((value for value in settings if value is not None), None)
 
     @staticmethod

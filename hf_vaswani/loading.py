@@ -7,12 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub.errors import HFValidationError, StrictDataclassError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    GenerationConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -21,8 +22,10 @@ from transformers.utils import logging as transformers_logging
 
 from .configuration_vaswani import VaswaniConfig
 from .cpu_kernels import kernelize
+from .generation_vaswani import check_generation_settings
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .quantization import quantize_int8
+from .tokenization import read_tokenizer_file
 
 
 def check_device(device: str) -> torch.device:
@@ -64,6 +67,41 @@ def read_config_dict(path: str | Path) -> dict:
         raise ValueError(
             f"no model folder at {path}, and no Hub model of that id could be read: {first_line}"
         ) from None
+
+
+def one_line(error: Exception) -> str:
+    """The message of `error` on one line."""
+    return " ".join(str(error).split())
+
+
+def check_config(path: str | Path, config_dict: dict) -> None:
+    """Refuses a config.json whose values VaswaniConfig refuses, in one line naming the file."""
+    try:
+        VaswaniConfig.from_dict(config_dict)
+    except (ValueError, StrictDataclassError) as error:  # strict's type errors are no ValueErrors
+        raise ValueError(f"{Path(path) / 'config.json'}: {one_line(error)}") from None
+
+
+def check_generation_config(path: str | Path) -> None:
+    """Refuses a generation_config.json that `generate` would crash on or silently misuse, in one line naming the file.
+
+    transformers' own loading would fall back to defaults silently for a file that is not JSON, and report its values
+    without naming the file. Its `validate(strict=True)` is not used: it also refuses settings that are merely unused
+    (a length penalty with one beam), which `vaswani train --num-beams 1` writes.
+    """
+    file = Path(path) / "generation_config.json"
+    try:
+        config = GenerationConfig.from_pretrained(path)  # runs transformers' `validate`
+    except OSError as error:
+        if file.is_file():
+            raise ValueError(f"{file} is not valid JSON: {one_line(error)}") from None
+        return  # none: transformers builds the defaults from config.json
+    except ValueError as error:
+        raise ValueError(f"{file}: {one_line(error)}") from None
+    try:
+        check_generation_settings(config.to_dict())
+    except ValueError as error:
+        raise ValueError(f"{file}: {error}") from None
 
 
 @contextlib.contextmanager
@@ -111,12 +149,17 @@ def load_model_folder(
     check_device(device)
     if int8 and torch.device(device).type != "cpu":
         raise ValueError(f"int8 inference runs on CPU, not on {device}")
-    model_type = read_config_dict(path).get("model_type")
+    config_dict = read_config_dict(path)
+    model_type = config_dict.get("model_type")
     if model_type != VaswaniConfig.model_type and not trust_remote_code:
         raise ValueError(
             f"{path} holds a model of type {model_type!r}, not {VaswaniConfig.model_type!r}; loading it would run "
             "code from the folder (allow that with trust_remote_code)"
         )
+    if model_type == VaswaniConfig.model_type:
+        with transformers_reports_silenced():  # as for the loading below, which reads both files again
+            check_config(path, config_dict)
+            check_generation_config(path)
     model_class = VaswaniForConditionalGeneration if model_type == VaswaniConfig.model_type else AutoModelForSeq2SeqLM
     try:
         with transformers_reports_silenced():
@@ -132,6 +175,8 @@ def load_model_folder(
     except OSError as error:  # no weights file, or not a safetensors one
         raise ValueError(f"cannot load the weights of {path}: {str(error).splitlines()[0]}") from None
     check_loading_info(path, loading_info)
+    if (Path(path) / "tokenizer.json").is_file():
+        read_tokenizer_file(Path(path) / "tokenizer.json")  # damage as one line naming it, not tokenizers' Exception
     try:
         # Explicitly False rather than the default None: a folder with a custom tokenizer then raises instead of
         # asking "run the custom code? [y/N]" on the terminal, which would read a line of the data on stdin.

@@ -1,4 +1,5 @@
-"""§5.4 label-smoothed cross-entropy of the pre-softmax projection, with a training path that never holds all logits.
+"""Cross-entropy of the pre-softmax projection, label-smoothed on request (§5.4), with a training path that never holds
+all logits.
 
 This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
 """
@@ -14,7 +15,8 @@ Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tens
 
 
 class ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    """Label-smoothed cross-entropy of `linear(hidden, weight, bias)`, summed over the target tokens, times `scale`.
+    """Label-smoothed cross-entropy of `linear(hidden, weight, bias)`, summed over the target tokens, times `scale`,
+    and beside it the plain cross-entropy (fairseq's nll_loss) of the same tokens, times `scale`, not differentiable.
 
     Training never needs the (positions x vocabulary) logits at once: each chunk of positions gets its logits, loss
     and gradients in the forward pass, so at most one chunk of logits is alive. Same FLOPs as logits then loss; the
@@ -37,7 +39,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         chunk_size: int,
         scale: float | torch.Tensor = 1.0,
         product: Product = nn.functional.linear,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden_rows, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
         counted = (labels != -100).nonzero()[:, 0]  # padding positions get neither logits nor gradient
         hidden_rows, labels = hidden_rows[counted], labels[counted, None]
@@ -50,12 +52,14 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
             dtype = torch.get_autocast_dtype(weight.device.type)
             hidden_rows, weight = hidden_rows.to(dtype), weight.to(dtype)
         loss_dtype = torch.promote_types(hidden.dtype, torch.float32)  # half-precision logits: loss in float32
-        total = hidden.new_zeros((), dtype=loss_dtype)
+        total, nll_total = hidden.new_zeros((), dtype=loss_dtype), hidden.new_zeros((), dtype=loss_dtype)
         for start in range(0, labels.shape[0], chunk_size):
             rows, targets = hidden_rows[start : start + chunk_size], labels[start : start + chunk_size]
             log_probs = product(rows, weight, bias).to(loss_dtype).log_softmax(-1)
+            target_log_probs = log_probs.gather(1, targets).sum()
+            nll_total -= target_log_probs
             # -sum_k q_k log p_k with q = (1 - eps) one_hot(y) + eps / V (Szegedy et al.)
-            total -= (1 - eps) * log_probs.gather(1, targets).sum() + eps / vocab_size * log_probs.sum()
+            total -= (1 - eps) * target_log_probs + eps / vocab_size * log_probs.sum()
             grad_logits = log_probs.exp_().sub_(eps / vocab_size)  # d loss / d logits = softmax - q
             grad_logits = grad_logits.scatter_add_(1, targets, torch.full_like(targets, eps - 1, dtype=loss_dtype))
             grad_logits = grad_logits.to(rows.dtype)
@@ -74,10 +78,12 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
         grad_hidden = hidden.new_zeros(hidden.shape)
         grad_hidden.view(-1, hidden.shape[-1]).index_copy_(0, counted, grad_rows)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total * scale
+        nll_total = nll_total * scale
+        ctx.mark_non_differentiable(nll_total)
+        return total * scale, nll_total
 
     @staticmethod
-    def backward(ctx, grad_total: torch.Tensor):
+    def backward(ctx, grad_total: torch.Tensor, grad_nll_total: torch.Tensor | None):
         grads = ctx.saved_tensors
         # the usual case, d total / d total: nothing to scale (a check that would wait for an accelerator: CPU only)
         if not (grad_total.device.type == "cpu" and grad_total.item() == 1.0):
@@ -94,10 +100,11 @@ def label_smoothed_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     logits: torch.Tensor | None = None,
     product: Product = nn.functional.linear,
-) -> torch.Tensor:
-    """§5.4: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over the target tokens.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """§5.4: cross-entropy against (1 - eps) one_hot(y) + eps / V, averaged over the target tokens (eps 0: the plain
+    cross-entropy), and the plain cross-entropy of the same tokens (fairseq's nll_loss), detached.
 
-    -100 and `pad_token_id` labels are not counted. The sum is divided by `num_items_in_batch` when given (Trainer's
+    -100 and `pad_token_id` labels are not counted. The sums are divided by `num_items_in_batch` when given (Trainer's
     count over an accumulated batch, so that gradient accumulation equals one large batch), else by this batch's
     count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states,
     the output projection's products computed by `product`.
@@ -113,11 +120,11 @@ def label_smoothed_loss(
         return ProjectedLabelSmoothedLoss.apply(
             hidden_states, weight, bias, labels, label_smoothing, chunk_size, 1.0 / denominator, product
         )
-    total = nn.functional.cross_entropy(
-        logits.flatten(0, 1).float(),
-        labels.flatten(),
-        ignore_index=-100,
-        reduction="sum",
-        label_smoothing=label_smoothing,
-    )
-    return total / denominator
+    log_probs = logits.flatten(0, 1).float().log_softmax(-1)
+    labels = labels.flatten()
+    nll = nn.functional.nll_loss(log_probs, labels, ignore_index=-100, reduction="sum")
+    total = nll
+    if label_smoothing:  # torch's cross_entropy(label_smoothing=eps) written out, its cross-entropy term computed once
+        uniform = -log_probs.sum(-1).masked_fill(labels == -100, 0.0).sum() / log_probs.shape[-1]
+        total = (1 - label_smoothing) * nll + label_smoothing * uniform
+    return total / denominator, nll.detach() / denominator

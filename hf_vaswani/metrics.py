@@ -9,6 +9,8 @@ Two different BLEUs live here, and their numbers must not be compared with each 
   gives partial credit for partly right hyphenated compounds, and scores typically come out higher than sacreBLEU.
 * `lowercased_tokenized_bleu` - BLEU on lowercased, Moses-tokenized text, without compound splitting: how the
   Multi30k literature scores (fairseq on lowercased, tokenized data), also NOT comparable to sacreBLEU.
+* `whitespace_bleu` - BLEU on the whitespace tokens of the text as it is (fairseq's scorer): the published Multi30k
+  numbers, when the model was trained on prepared text (scripts/prepare_multi30k.py); on raw text it is not meaningful.
 
 All metric computation runs offline: the `evaluate` metric is loaded by path from the script shipped in this package.
 """
@@ -32,6 +34,7 @@ __all__ = [
     "lowercased_tokenized_bleu",
     "tokenize_for_bleu",
     "tokenized_bleu",
+    "whitespace_bleu",
 ]
 
 # evaluate.load(<directory>) loads <directory>/<directory name>.py, so the directory and script names must agree.
@@ -187,3 +190,18 @@ def lowercased_tokenized_bleu(hypotheses: Sequence[str], references: Sequence[st
     metric = sacrebleu.BLEU(lowercase=True, tokenize="none", smooth_method="none", force=True)
     score = metric.corpus_score(tokenized_hypotheses, [tokenized_references])
     return {"bleu": score.score, "signature": f"moses-tok:{lang}|{metric.get_signature()}"}
+
+
+def whitespace_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """BLEU on the whitespace-separated tokens of the text as given: fairseq's `bleu.Scorer` (what generate.py prints).
+
+    Case-sensitive corpus BLEU, no smoothing, brevity penalty from the reference length: `sacrebleu.corpus_bleu(...,
+    tokenize="none", smooth_method="none")`. The number Wu et al. (2021) report on Multi30k, whose text was lowercased
+    and Moses-tokenized before training (scripts/prepare_multi30k.py): meaningful when hypotheses and references are
+    text prepared that way, not on raw text.
+    """
+    _check_corpus(hypotheses, references)
+    # force=True: the input is tokenized on purpose, so silence sacreBLEU's "looks tokenized" warning.
+    return sacrebleu.corpus_bleu(
+        list(hypotheses), [list(references)], tokenize="none", smooth_method="none", force=True
+    ).score

@@ -43,7 +43,7 @@ def write_model_card(
         ("layers N (encoder / decoder)", "6 / 6", f"{config.encoder_layers} / {config.decoder_layers}"),
         ("d_model / d_ff / heads h", "512 / 2048 / 8", f"{config.d_model} / {config.d_ff} / {config.num_heads}"),
         ("d_k / d_v", "64 / 64", f"{config.d_k} / {config.d_v}"),
-        ("dropout P_drop / label smoothing", "0.1 / 0.1", f"{config.dropout} / {config.label_smoothing}"),
+        ("dropout P_drop / label smoothing", "0.1 / 0.1", f"{config.dropout} / {settings.label_smoothing}"),
         ("shared BPE vocabulary", "~37000", str(config.vocab_size)),
         ("BPE-dropout in training", "none", str(settings.bpe_dropout or "none")),
         ("batch (tokens per side)", "~25000", f"{settings.max_tokens} x update_freq {settings.update_freq}"),

@@ -12,6 +12,7 @@ from outside (`kernelize` of its cpu_kernels.py).
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -33,7 +34,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .checks_vaswani import check_inputs, check_labels, check_token_ids
+from .checks_vaswani import check_inputs, check_labels, check_source, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import PaperDecodingMixin
 from .loss_vaswani import label_smoothed_loss
@@ -355,7 +356,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         # checked here rather than in VaswaniModel: generate calls the encoder directly
-        check_token_ids("input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
+        check_source(input_ids, inputs_embeds, self.embeddings.embed_tokens)
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
@@ -515,8 +516,20 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
+@dataclass
+class VaswaniSeq2SeqLMOutput(Seq2SeqLMOutput):
+    r"""
+    nll_loss: the plain cross-entropy of the labelled tokens (fairseq's nll_loss; its exp is the perplexity), not
+        differentiable: `loss` itself unless the loss is label-smoothed.
+    """
+
+    nll_loss: torch.FloatTensor | None = None
+
+
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin, GenerationMixin):
-    """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4), trained with label smoothing."""
+    """Figure 1 whole: encoder-decoder plus the pre-softmax linear projection (§3.4). With labels, the loss is the
+    cross-entropy, label-smoothed as §5.4 trains when asked (`smoothing` per call, or the config's
+    `label_smoothing`)."""
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
@@ -560,20 +573,31 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         num_items_in_batch: int | torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_logits: bool = True,
+        smoothing: float | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> Seq2SeqLMOutput:
+    ) -> VaswaniSeq2SeqLMOutput:
         r"""
-        labels: target token ids; -100 and the padding id are ignored by the loss. When given without decoder inputs,
-            the decoder is fed the labels shifted right behind `decoder_start_token_id`.
+        labels: target token ids; -100 and the padding id are ignored by the loss, the mean cross-entropy over the
+            others. When given without decoder inputs, the decoder is fed the labels shifted right behind
+            `decoder_start_token_id`.
         num_items_in_batch: number of target tokens in the whole (accumulated) batch, passed by Trainer; the summed
             loss is divided by it so that gradient accumulation equals one large batch.
         logits_to_keep: logits for the last this many positions only (0: all), or for the positions this tensor
             indexes; `generate` asks for the last one. The loss still covers every labelled position.
         return_logits: False (with labels) computes the loss chunk by chunk without ever holding the full-vocabulary
             logits, and returns `logits=None` (loss_vaswani.py): what training needs, in less memory.
+        smoothing: the label smoothing eps_ls of this call's loss (§5.4 trains with 0.1): the cross-entropy against
+            (1 - eps) one_hot(y) + eps / V, the plain cross-entropy still in `nll_loss`; None: the config's
+            `label_smoothing` (0 unless set). Not named label_*: Trainer takes such parameters for labels.
         """
         if not return_logits and labels is None:
             raise ValueError("return_logits=False computes the loss without logits: it needs labels")
+        if "label_smoothing" in kwargs:  # would pass unread into the attention kwargs
+            raise ValueError("label_smoothing is the config's name: forward takes `smoothing`")
+        if smoothing is None:
+            smoothing = self.config.label_smoothing
+        elif not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         if labels is not None:
             check_labels(
                 labels,
@@ -595,21 +619,21 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             use_cache=use_cache,
             **kwargs,
         )
-        logits = loss = None
+        logits = loss = nll_loss = None
         if return_logits:
             positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(outputs.last_hidden_state[:, positions])
-        if labels is not None:  # §5.4; from the logits when they cover every position, else chunk by chunk
-            loss = self.loss_function(
+        if labels is not None:  # from the logits when they cover every position, else chunk by chunk
+            loss, nll_loss = self.loss_function(
                 outputs.last_hidden_state,
                 self.lm_head,
                 labels,
-                self.config.label_smoothing,
+                smoothing,
                 self.config.pad_token_id,
                 num_items_in_batch,
                 logits if isinstance(logits_to_keep, int) and logits_to_keep == 0 else None,
             )
-        return Seq2SeqLMOutput(
+        return VaswaniSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
             cache=outputs.cache,
@@ -619,7 +643,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            nll_loss=nll_loss,
         )
 
 
-__all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]
+__all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration", "VaswaniSeq2SeqLMOutput"]

@@ -12,7 +12,10 @@ from .files import replace_file  # noqa: E402
 
 
 def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Path:
-    """Training loss and learning rate against the optimizer step, side by side, and validation BLEU when logged.
+    """Loss and learning rate against the optimizer step, side by side, and validation BLEU when logged.
+
+    The loss panel has the training loss and, where logged, the training NLL and `ValidationLossCallback`'s
+    validation loss and NLL.
 
     Validation entries are those of `ValidationBleuCallback` (`eval_bleu`, `eval_lowercased_tokenized_bleu`,
     `elapsed_minutes`); their panel is against wall-clock minutes of training, the budget a learning curve is read in.
@@ -24,8 +27,15 @@ def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Pa
     steps = [entry["step"] for entry in logged]
     figure, axes = plt.subplots(1, 3 if validated else 2, figsize=(16 if validated else 11, 4))
     loss_axis, lr_axis = axes[:2]
-    loss_axis.plot(steps, [entry["loss"] for entry in logged])
-    loss_axis.set(xlabel="step", ylabel="label-smoothed cross-entropy", title="Training loss")
+    loss_axis.plot(steps, [entry["loss"] for entry in logged], label="training loss")
+    if all("nll_loss" in entry for entry in logged):
+        loss_axis.plot(steps, [entry["nll_loss"] for entry in logged], label="training NLL")
+    for name, label in (("eval_loss", "validation loss"), ("eval_nll_loss", "validation NLL")):
+        if entries := [entry for entry in log_history if name in entry and "step" in entry]:
+            values = [entry[name] for entry in entries]
+            loss_axis.plot([entry["step"] for entry in entries], values, marker=".", label=label)
+    loss_axis.set(xlabel="step", ylabel="nats per target token", title="Loss (with label smoothing) and NLL")
+    loss_axis.legend(fontsize=8)
     loss_axis.grid(alpha=0.3)
     lr_axis.plot(steps, [entry["learning_rate"] for entry in logged], color="tab:orange")
     lr_axis.set(xlabel="step", ylabel="learning rate", title="Learning rate")  # Eq. 3, or Eq. 3 with a cooldown

@@ -1,9 +1,12 @@
 """A run's output folder: what it holds, whether a run may start or resume there, and the run record (run.json)."""
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
@@ -23,6 +26,44 @@ RESUMABLE_SETTINGS = ("max_steps", "num_beams", "length_penalty", "eval_batch_si
 def is_main_process() -> bool:
     """Whether this is the process that judges and writes the output folder (torchrun and accelerate set RANK)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+_claimed_folders: set[Path] = set()  # the run folders this process holds: claiming one again is a no-op
+
+
+@contextmanager
+def claimed_run_folder(output_dir: str | Path) -> Iterator[None]:
+    """Hold `output_dir` (created if missing) as the one folder this run writes, refusing it in one ValueError line
+    while another process holds it; on leaving, a folder created here that is still empty is removed again.
+
+    The hold is an exclusive `flock` on the folder itself, which the operating system releases when the process ends
+    however it ends (a SIGKILL included), so no stale lock outlives a run. Only the main process claims; the others
+    write under its claim. Claiming a folder this process holds already (the CLI, then `run_recipe`) is a no-op.
+    """
+    folder = Path(output_dir).absolute()
+    if not is_main_process() or folder in _claimed_folders:
+        yield
+        return
+    check_writable_folder(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise ValueError(
+            f"--output-dir {output_dir} is in use by another run (vaswani train or demo): wait for it to end or "
+            "choose another --output-dir"
+        ) from None
+    _claimed_folders.add(folder)
+    try:
+        yield
+    finally:
+        _claimed_folders.discard(folder)
+        os.close(descriptor)  # releases the lock
+        if created and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def check_output_dir(

@@ -2,6 +2,7 @@
 
 import difflib
 import inspect
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -10,6 +11,8 @@ from huggingface_hub.errors import StrictDataclassError
 from .configuration_vaswani import VaswaniConfig
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
+LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
+EARLY_STOPPING_METRICS = ("bleu", "loss")
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
     "vocab_size": "vocab_size",
@@ -19,8 +22,13 @@ TOKENIZER_FIELDS = {
     "eos_token_id": None,
     "decoder_start_token_id": None,
 }
-# What a model override may set: VaswaniConfig's own fields (not transformers' generic ones) but the tokenizer's.
-OVERRIDABLE_FIELDS = tuple(name for name in inspect.get_annotations(VaswaniConfig) if name not in TOKENIZER_FIELDS)
+# VaswaniConfig fields that a training setting decides instead, with that setting: the model's own default stays.
+TRAINING_FIELDS = {"label_smoothing": "label_smoothing"}
+# What a model override may set: VaswaniConfig's own fields (not transformers' generic ones) but the tokenizer's and
+# those of training.
+OVERRIDABLE_FIELDS = tuple(
+    name for name in inspect.get_annotations(VaswaniConfig) if name not in TOKENIZER_FIELDS | TRAINING_FIELDS
+)
 
 
 @dataclass
@@ -38,11 +46,18 @@ class RecipeSettings:
         metadata={
             "flag": "--model-override",
             "metavar": "KEY=VALUE",
-            "help": "set a VaswaniConfig field of the preset, e.g. d_model=256 or label_smoothing=0.2; VALUE is read "
-            "as JSON when it parses (repeatable; a later KEY wins)",
+            "help": "set a VaswaniConfig field of the preset, e.g. d_model=256 or dropout=0.3; VALUE is read as JSON "
+            "when it parses (repeatable; a later KEY wins)",
         },
     )
     vocab_size: int = field(default=37000, metadata={"help": "size of the shared BPE vocabulary trained (§5.1)"})
+    label_smoothing: float = field(
+        default=0.1,
+        metadata={
+            "help": "epsilon of the label-smoothed training loss (§5.4; 0: the cross-entropy); the logs carry the "
+            "cross-entropy beside it as nll_loss, and the saved model returns the cross-entropy"
+        },
+    )
     max_tokens: int = field(
         default=25000, metadata={"help": "tokens of one process's batch on each side, padding included (§5.1)"}
     )
@@ -53,6 +68,16 @@ class RecipeSettings:
         metadata={
             "help": "factor on Eq. 3's learning rate (1.0: the paper's; a small d_model makes Eq. 3's peak high, a "
             "short run may want it higher still)"
+        },
+    )
+    adam_epsilon: float = field(
+        default=1e-9, metadata={"help": "Adam's epsilon (1e-9: §5.3's; fairseq's default is 1e-8)"}
+    )
+    max_grad_norm: float | None = field(
+        default=None,
+        metadata={
+            "help": "clip the gradient of each update to this norm (fairseq's default: 25); None: no clipping, the "
+            "paper's"
         },
     )
     max_steps: int = field(default=100000, metadata={"help": "optimizer steps to train"})
@@ -73,6 +98,13 @@ class RecipeSettings:
     )
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
     save_steps: int = field(default=1000, metadata={"help": "optimizer steps between checkpoints"})
+    save_every_epoch: bool = field(
+        default=False,
+        metadata={
+            "help": "save a checkpoint at the end of every epoch (and at the last step) instead of every "
+            "--save-steps, as fairseq does; --average-last then counts these"
+        },
+    )
     logging_steps: int = field(
         default=100, metadata={"help": "optimizer steps between logged training losses; at most --max-steps"}
     )
@@ -80,7 +112,19 @@ class RecipeSettings:
         default=None, metadata={"help": "beam size in generation_config.json; None means the paper's (4, §6.1)"}
     )
     length_penalty: float | None = field(
-        default=None, metadata={"help": "GNMT alpha in generation_config.json; None means the paper's (0.6, §6.1)"}
+        default=None,
+        metadata={
+            "help": "length penalty in generation_config.json, in the form --length-penalty-type names; None means "
+            "the paper's (GNMT alpha 0.6, §6.1)"
+        },
+    )
+    length_penalty_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "form of --length-penalty: gnmt divides a hypothesis' log-probability by ((5 + |Y|) / 6)^alpha, "
+            "power by |Y|^alpha (fairseq's and transformers'), |Y| counting </s>; None means the paper's (gnmt)",
+            "choices": LENGTH_PENALTY_TYPES,
+        },
     )
     eval_batch_size: int = field(
         default=64, metadata={"help": "sentences per batch when translating the test and validation splits"}
@@ -101,8 +145,18 @@ class RecipeSettings:
     early_stopping_patience: int | None = field(
         default=None,
         metadata={
-            "help": "stop when validation BLEU has not improved for this many evaluations; the averaged checkpoints "
-            "then end at the best validated step; None: never"
+            "help": "stop when the --early-stopping-metric has not improved for this many validations (fairseq's "
+            "--patience); with bleu the averaged checkpoints then end at the best validated step, with loss at the "
+            "stop (fairseq's); None: never"
+        },
+    )
+    early_stopping_metric: str = field(
+        default="bleu",
+        metadata={
+            "help": "what --early-stopping-patience watches: bleu, the validation BLEU of --eval-bleu-steps; or loss, "
+            "the validation split's label-smoothed loss per target token (fairseq's validation), computed at every "
+            "checkpoint and logged as eval_loss and eval_nll_loss (also without patience)",
+            "choices": EARLY_STOPPING_METRICS,
         },
     )
     seed: int = field(
@@ -143,6 +197,8 @@ class RecipeSettings:
             "update_freq",
             "warmup_steps",
             "max_steps",
+            "adam_epsilon",
+            "max_grad_norm",
             "cooldown_steps",
             "max_train_minutes",
             "average_last",
@@ -157,9 +213,18 @@ class RecipeSettings:
             "early_stopping_patience",
         ):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{setting_flag(name)} must be positive, got {value}")
-        if self.early_stopping_patience is not None and self.eval_bleu_steps is None:
+            if value is not None and not 0 < value < math.inf:  # NaN fails every comparison, so `value <= 0` too
+                raise ValueError(f"{setting_flag(name)} must be positive and finite, got {value}")
+        if self.length_penalty is not None and not math.isfinite(self.length_penalty):
+            raise ValueError(f"{setting_flag('length_penalty')} must be a finite number, got {self.length_penalty}")
+        for name, choices in (
+            ("length_penalty_type", (None, *LENGTH_PENALTY_TYPES)),
+            ("early_stopping_metric", EARLY_STOPPING_METRICS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{setting_flag(name)} must be one of {choices}, got {getattr(self, name)!r}")
+        bleu_patience = self.early_stopping_patience is not None and self.early_stopping_metric == "bleu"
+        if bleu_patience and self.eval_bleu_steps is None:
             raise ValueError(
                 f"{setting_flag('early_stopping_patience')} needs validation BLEU: set "
                 f"{setting_flag('eval_bleu_steps')}"
@@ -172,6 +237,8 @@ class RecipeSettings:
         precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
         if len(precisions) > 1:
             raise ValueError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"{setting_flag('label_smoothing')} must be in [0, 1), got {self.label_smoothing}")
         if self.bpe_dropout is not None and not 0 < self.bpe_dropout < 1:
             raise ValueError(f"{setting_flag('bpe_dropout')} must be in (0, 1), got {self.bpe_dropout}")
         if self.full_determinism and self.bpe_dropout is not None:
@@ -189,13 +256,19 @@ class RecipeSettings:
                 f"{setting_flag('logging_steps')} ({self.logging_steps}) is larger than {setting_flag('max_steps')} "
                 f"({self.max_steps}): no training loss would be logged for the training curves"
             )
-        if self.max_steps // self.save_steps < self.average_last:
+        # With --save-every-epoch the count of checkpoints depends on the epoch's length: checked once it is known.
+        if not self.save_every_epoch and self.max_steps // self.save_steps < self.average_last:
             raise ValueError(
                 f"averaging the last {self.average_last} checkpoints ({setting_flag('average_last')}) needs "
                 f"{setting_flag('max_steps')} ({self.max_steps}) >= {setting_flag('average_last')} * "
                 f"{setting_flag('save_steps')} ({self.average_last * self.save_steps})"
             )
         for key in self.model_overrides:
+            if key in TRAINING_FIELDS:
+                raise ValueError(
+                    f"{setting_flag('model_overrides')} {key}: a training setting, not the model's: set it with "
+                    f"{setting_flag(TRAINING_FIELDS[key])}"
+                )
             if key in TOKENIZER_FIELDS:
                 setting = TOKENIZER_FIELDS[key]
                 instead = f"set it with {setting_flag(setting)}" if setting else "it cannot be overridden"

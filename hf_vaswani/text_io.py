@@ -13,13 +13,14 @@ LINE_BREAKS_TO_SPACES = str.maketrans(dict.fromkeys("\n" + LINE_BREAKS, " "))
 
 
 def read_sentences(source: BinaryIO, name: str) -> list[str]:
-    """The lines of UTF-8 text, split at "\\n" only (and a "\\r" just before it), without their line ends.
+    """The lines of UTF-8 text, split at "\\n" only (and a "\\r" just before it), without their line ends; a
+    byte-order mark that some editors write at the start is dropped, as Python's "utf-8-sig" codec drops it.
 
     Text-mode reading and str.splitlines also split at a lone "\\r", "\\x0c", "\\u2028" and more, which inside a
     sentence would make one input line two translations.
     """
     try:
-        text = source.read().decode("utf-8")
+        text = source.read().decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise ValueError(f"{name} is not UTF-8 text: {error}") from None
     lines = text.split("\n")

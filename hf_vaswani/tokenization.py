@@ -24,6 +24,7 @@ Design choices, and why:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -57,6 +58,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "SPECIAL_TOKEN_IDS",
     "UNK_TOKEN",
+    "load_trained_bpe",
     "train_shared_bpe",
     "train_shared_bpe_from_dataset",
 ]
@@ -101,7 +103,11 @@ def _train(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_freq
         pair=f"$A:0 {EOS_TOKEN}:0 $B:1 {EOS_TOKEN}:1",
         special_tokens=[(EOS_TOKEN, SPECIAL_TOKEN_IDS[EOS_TOKEN])],
     )
+    return _wrapped(backend)
 
+
+def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """The trained BPE as the transformers tokenizer of this package's models."""
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -138,6 +144,25 @@ def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, min_frequenc
     if isinstance(texts, str):  # iterating a str would train on its characters one by one
         raise ValueError("texts must be an iterable of strings, not a single string")
     return _train(texts, vocab_size, min_frequency)
+
+
+def load_trained_bpe(folder: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer `train_shared_bpe` trained and `save_pretrained` wrote to `folder`, rebuilt exactly as trained.
+
+    What it saves is byte-identical to what the trained one saved (a resumed run's checkpoints match the earlier ones);
+    `AutoTokenizer.from_pretrained` would add how it was loaded (`is_local`, `local_files_only`) to what it saves.
+    """
+    return _wrapped(read_tokenizer_file(Path(folder) / "tokenizer.json"))
+
+
+def read_tokenizer_file(path: Path) -> Tokenizer:
+    """The tokenizer of `path`, a tokenizer.json; a file it cannot read as one ValueError line naming it."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers reports every file it cannot read as a bare Exception
+        if type(error) is not Exception:
+            raise
+        raise ValueError(f"{path} is not a tokenizer tokenizers can read: {' '.join(str(error).split())}") from None
 
 
 def _dataset_batches(dataset: Dataset, columns: Sequence[str], batch_size: int) -> Iterator[list[str]]:

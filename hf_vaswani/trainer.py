@@ -1,10 +1,10 @@
 """The paper's training recipe (§5) on transformers' Seq2SeqTrainer.
 
 Stock pieces do most of the work: Seq2SeqTrainer runs the loop, `DataCollatorForSeq2Seq` pads, AdamW with zero weight
-decay is the paper's Adam (§5.3: beta1 0.9, beta2 0.98, eps 1e-9), the model computes the label-smoothed loss (§5.4)
-and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here because transformers lacks them: batches of
-about `max_tokens` source and target tokens (§5.1, `TokenBatchSampler`) and the exact learning-rate formula (§5.3,
-Eq. 3, `paper_lr_scheduler`).
+decay is the paper's Adam (§5.3: beta1 0.9, beta2 0.98, eps 1e-9), `label_smoothing_factor` is §5.4's label smoothing
+(the model computes the smoothed loss) and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here
+because transformers lacks them: batches of about `max_tokens` source and target tokens (§5.1, `TokenBatchSampler`)
+and the exact learning-rate formula (§5.3, Eq. 3, `paper_lr_scheduler`).
 """
 
 import inspect
@@ -22,7 +22,8 @@ from .schedule import paper_lr_scheduler
 
 
 def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrainingArguments:
-    """Seq2SeqTrainingArguments with §5.3's Adam and the paper's schedule multiplier; any argument can be overridden."""
+    """Seq2SeqTrainingArguments with §5.3's Adam, §5.4's label smoothing and the paper's schedule multiplier; any
+    argument can be overridden."""
     settings = dict(
         output_dir=str(output_dir),
         optim="adamw_torch_fused",  # one kernel for the whole update, CPU included
@@ -31,6 +32,7 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         adam_epsilon=1e-9,
         weight_decay=0.0,
         learning_rate=1.0,  # multiplies Eq. 3 in VaswaniTrainer
+        label_smoothing_factor=0.1,
         warmup_steps=4000,
         max_grad_norm=0.0,  # the paper clips nothing
         save_strategy="steps",
@@ -81,6 +83,12 @@ class VaswaniTrainer(Seq2SeqTrainer):
     `per_device_train_batch_size` is then unused. The schedule uses `args.warmup_steps` and the model's d_model, scaled
     by `args.learning_rate`, and with `cooldown_steps` falls linearly to zero over the run's last steps
     (`paper_lr_scheduler`).
+
+    Training steps smooth the loss by `args.label_smoothing_factor` (§5.4) in the model's own chunked loss, which never
+    holds the full-vocabulary logits (0: the model's loss as configured); evaluation reports the model's loss, the
+    cross-entropy unless its config sets smoothing. Each training log entry has `nll_loss` beside `loss`: the
+    cross-entropy of the target tokens of the same steps, all processes' (fairseq logs both), in nats per token; its
+    exp is the training perplexity.
     """
 
     def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
@@ -91,6 +99,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.cooldown_steps = cooldown_steps
         # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
         self.model.register_load_state_dict_post_hook(tied_copies_are_loaded)
+        # The model smooths its own loss (compute_loss): Trainer's LabelSmoother would need the logits.
+        self.label_smoother = None
+        self._batch_nll_and_tokens: torch.Tensor | None = None  # the last training batch's NLL sum and token count
+        self._logged_nll_and_tokens: torch.Tensor | None = None  # their sums since the last training log
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         if self.max_tokens is None:
@@ -126,11 +138,44 @@ class VaswaniTrainer(Seq2SeqTrainer):
             shard.num_processes, shard.process_index = 1, 0
         return loader
 
+    def train(self, *args, **kwargs):
+        self._logged_nll_and_tokens = None  # as Trainer starts its loss sum afresh
+        return super().train(*args, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         # Training reads only the loss: the model then never holds the full-vocabulary logits (loss_vaswani.py).
         if not return_outputs:
             inputs = {**inputs, "return_logits": False}
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training and self.args.label_smoothing_factor:
+            inputs = {**inputs, "smoothing": self.args.label_smoothing_factor}
+        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+        if model.training:
+            # The model divides its NLL sum by num_items_in_batch (else by its own count), and Trainer scales the loss,
+            # not the NLL: this batch's sum and tokens, the padding id left out as the model leaves it out
+            labels, pad_token_id = inputs["labels"], self.model.config.pad_token_id
+            tokens = ((labels != -100) & (labels != pad_token_id)).sum()
+            nll = outputs["nll_loss"].sum()  # summed over the devices of torch.nn.DataParallel
+            nll_sum = nll * (tokens if num_items_in_batch is None else num_items_in_batch)
+            self._batch_nll_and_tokens = torch.stack([nll_sum, tokens.to(nll.dtype)])
+        return (loss, outputs) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        batch = self._batch_nll_and_tokens
+        if self.args.logging_nan_inf_filter:  # Trainer logs a non-finite step as the mean so far: left out here
+            batch = torch.where(torch.isfinite(loss), batch, 0.0)
+        if self._logged_nll_and_tokens is None:
+            self._logged_nll_and_tokens = torch.zeros_like(batch)
+        self._logged_nll_and_tokens += batch
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._logged_nll_and_tokens is not None:  # a training log, on every process at once
+            nll_sum, tokens = self.accelerator.gather(self._logged_nll_and_tokens).view(-1, 2).sum(0).tolist()
+            self._logged_nll_and_tokens = None
+            if tokens:  # every token of the steps since the last log, on every process, weighted alike (as fairseq)
+                logs = {"loss": logs["loss"], "nll_loss": nll_sum / tokens, **logs}
+        super().log(logs, start_time)
 
     def create_scheduler(
         self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None

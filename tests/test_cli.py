@@ -26,16 +26,17 @@ def local_files_arguments(folder: Path) -> list[str]:
 
 
 def test_train_from_local_files(tmp_path) -> None:
-    # d_ff again, twice: the last value wins; label smoothing goes through the overrides like any other config field
+    # d_ff again, twice: the last value wins; label smoothing is a training setting, not the model's
     schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3)
     overrides = ["--model-override", "d_ff=48", "--model-override", "d_ff=64"]
-    main(["train", *local_files_arguments(tmp_path), *schedule, *overrides, "--model-override", "label_smoothing=0.2"])
+    main(["train", *local_files_arguments(tmp_path), *schedule, *overrides, "--label-smoothing", "0.2"])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
+    assert results["settings"]["label_smoothing"] == 0.2
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # every 2 steps, last 3
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
-    assert (config["label_smoothing"], config["d_ff"]) == (0.2, 64)
+    assert (config["label_smoothing"], config["d_ff"]) == (0.0, 64)  # the saved model's loss is cross-entropy
     decoding = json.loads((tmp_path / "run" / "model" / "generation_config.json").read_text())
     # --num-beams on top of the paper's decoding, which stays as it was
     assert (decoding["num_beams"], decoding["length_penalty"], decoding["max_new_tokens_over_source"]) == (2, 0.6, 50)
@@ -90,11 +91,12 @@ def test_train_options_are_the_recipe_settings(capsys, monkeypatch) -> None:
     args = parser.parse_args(
         ["train", "--output-dir", "run", "--num-beams", "2", "--length-penalty", "1.0", "--eval-batch-size", "8"]
         + ["--model-override", "d_model=64", "--model-override", "dropout=0.2", "--model-override", "d_model=256"]
-        + ["--bf16", "--model-override", "label_smoothing=0.05"]
+        + ["--bf16", "--label-smoothing", "0.05"]
     )
     settings = settings_from_args(args)
     assert (settings.num_beams, settings.length_penalty, settings.eval_batch_size) == (2, 1.0, 8)
-    assert settings.model_overrides == {"d_model": 256, "dropout": 0.2, "label_smoothing": 0.05} and settings.bf16
+    assert settings.model_overrides == {"d_model": 256, "dropout": 0.2} and settings.bf16
+    assert settings.label_smoothing == 0.05
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option: argparse wraps help at the terminal's width
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -125,7 +125,9 @@ def test_d_k_and_d_v_are_free_when_given() -> None:
 def test_presets_are_table_3_base_and_big() -> None:
     base, big = VaswaniConfig.base(), VaswaniConfig.big()
     assert (base.encoder_layers, base.decoder_layers, base.d_model, base.d_ff, base.num_heads) == (6, 6, 512, 2048, 8)
-    assert (base.dropout, base.label_smoothing, base.layer_norm_eps) == (0.1, 0.1, 1e-6)
+    assert (base.dropout, base.layer_norm_eps) == (0.1, 1e-6)
+    # architecture only: their loss is the cross-entropy; §5.4's smoothing is the training recipe's (RecipeSettings)
+    assert base.label_smoothing == big.label_smoothing == 0.0
     assert (base.attention_dropout, base.activation_dropout, base.positional_encoding) == (0.0, 0.0, "sinusoidal")
     assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.d_v, big.dropout) == (1024, 4096, 16, 64, 64, 0.3)
     assert VaswaniConfig.big(dropout=0.1).dropout == 0.1  # En-Fr big

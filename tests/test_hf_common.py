@@ -96,8 +96,6 @@ class VaswaniModelTester:
             decoder_layers=self.num_hidden_layers,
             dropout=0.1,
             attention_dropout=0.1,
-            # the mixins compare the loss with plain cross-entropy; §5.4's smoothing is tested in test_modeling.py
-            label_smoothing=0.0,
             max_position_embeddings=100,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,

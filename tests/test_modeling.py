@@ -1,11 +1,13 @@
 """The model against independent references: torch.nn.Transformer, the paper's formulas, and its other paths."""
 
+import json
 import math
 
 import pytest
 import torch
 from tiny import TINY_MODEL, UNEVEN_MODEL
 from torch import nn
+from transformers.utils import find_labels
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
@@ -461,8 +463,57 @@ def test_gradient_checkpointing_gives_the_same_gradients() -> None:
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
 
 
+@pytest.mark.parametrize("return_logits", [True, False])
+def test_a_new_models_loss_is_torch_cross_entropy_with_its_gradients(return_logits: bool) -> None:
+    """transformers' convention: the loss with labels is the cross-entropy (exp: the perplexity), whichever path."""
+    model = make_model(**TINY_MODEL)  # VaswaniConfig's defaults: no label smoothing
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, -100, -100]])  # -100: DataCollatorForSeq2Seq's padding
+    decoder_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
+    out = model(input_ids=source, attention_mask=source_mask, labels=labels, return_logits=return_logits)
+    ours = torch.autograd.grad(out.loss, list(model.parameters()))
+    logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits
+    reference = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())  # ignore_index=-100, mean
+    expected = torch.autograd.grad(reference, list(model.parameters()))
+    torch.testing.assert_close(out.loss, reference)
+    torch.testing.assert_close(out.nll_loss, reference.detach())  # fairseq's nll_loss: the loss itself here
+    assert not out.nll_loss.requires_grad
+    for (name, _), got, want in zip(model.named_parameters(), ours, expected, strict=True):
+        torch.testing.assert_close(got, want, msg=name)
+
+
+@pytest.mark.parametrize("return_logits", [True, False])
+def test_label_smoothing_asked_per_call_is_torch_label_smoothing_with_the_cross_entropy_beside(
+    return_logits: bool,
+) -> None:
+    model = make_model(**TINY_MODEL, label_smoothing=0.2)  # a call's value overrides the config's
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, -100, -100]])
+    decoder_inputs = torch.tensor([[1, 9, 12, 2], [1, 33, 2, 0]])
+    logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits.detach()
+    inputs = dict(input_ids=source, attention_mask=source_mask, labels=labels, return_logits=return_logits)
+    smoothed = model(**inputs, smoothing=0.1)
+    flat_logits, flat_labels = logits.flatten(0, 1), labels.flatten()
+    reference = nn.functional.cross_entropy(flat_logits, flat_labels, label_smoothing=0.1)
+    torch.testing.assert_close(smoothed.loss, reference)
+    torch.testing.assert_close(smoothed.nll_loss, nn.functional.cross_entropy(flat_logits, flat_labels))
+    assert not smoothed.nll_loss.requires_grad  # for logs and perplexity: training follows `loss`
+    plain = model(**inputs, smoothing=0.0)
+    torch.testing.assert_close(plain.loss, nn.functional.cross_entropy(flat_logits, flat_labels))
+    torch.testing.assert_close(plain.nll_loss, plain.loss.detach())
+    configured = model(**inputs)
+    torch.testing.assert_close(
+        configured.loss, nn.functional.cross_entropy(flat_logits, flat_labels, label_smoothing=0.2)
+    )
+    with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\), got 1.0"):
+        model(**inputs, smoothing=1.0)
+    with pytest.raises(ValueError, match="label_smoothing is the config's name: forward takes `smoothing`"):
+        model(**inputs, label_smoothing=0.1)  # not dropped silently
+    assert find_labels(VaswaniForConditionalGeneration) == ["labels"]  # what Trainer takes for labels
+
+
 def test_label_smoothed_loss_matches_hand_computation() -> None:
-    model = make_model(**TINY_MODEL, label_smoothing=0.1)
+    model = make_model(**TINY_MODEL, label_smoothing=0.1)  # set in the config, as saved folders may carry it
     source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])  # -100 and the padding id are both ignored
     out = model(input_ids=source, attention_mask=source_mask, labels=labels)
@@ -470,7 +521,7 @@ def test_label_smoothed_loss_matches_hand_computation() -> None:
     logits = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs).logits
     torch.testing.assert_close(out.logits, logits)  # with gradients on too, like any transformers model
     log_probs = logits.detach().double().log_softmax(-1)
-    eps, vocab, total, count = 0.1, VOCAB_SIZE, 0.0, 0
+    eps, vocab, total, nll, count = 0.1, VOCAB_SIZE, 0.0, 0.0, 0
     for b in range(2):
         for t in range(4):
             y = int(labels[b, t])
@@ -478,9 +529,11 @@ def test_label_smoothed_loss_matches_hand_computation() -> None:
                 continue
             # Szegedy et al.: q = (1 - eps) * one_hot(y) + eps / V, loss = -sum_k q_k log p_k
             total += -((1 - eps) * log_probs[b, t, y] + eps / vocab * log_probs[b, t].sum())
+            nll += -log_probs[b, t, y]  # fairseq's nll_loss beside it
             count += 1
     assert count == 5
     assert out.loss.detach().item() == pytest.approx(float(total / count), rel=1e-5)
+    assert out.nll_loss.item() == pytest.approx(float(nll / count), rel=1e-5)
     # Decoder inputs were the labels shifted right behind the start token, with ignored positions as padding.
     explicit = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=decoder_inputs, labels=labels)
     torch.testing.assert_close(explicit.loss, out.loss)
@@ -493,16 +546,23 @@ def test_label_smoothed_loss_matches_hand_computation() -> None:
 def test_the_loss_without_logits_is_a_per_call_choice_with_the_same_loss_and_gradients() -> None:
     source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
     labels = torch.tensor([[9, 12, 2, -100], [33, 2, 0, 0]])
-    model = make_model(**TINY_MODEL, label_smoothing=0.1)
+    model = make_model(**TINY_MODEL)
     results = []
     for return_logits in (True, False):
         model.zero_grad()
-        out = model(input_ids=source, attention_mask=source_mask, labels=labels, return_logits=return_logits)
+        out = model(
+            input_ids=source,
+            attention_mask=source_mask,
+            labels=labels,
+            return_logits=return_logits,
+            smoothing=0.1,
+        )
         out.loss.backward()
         results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (with_logits, grads), (chunked, chunked_grads) = results
     assert with_logits.logits is not None and chunked.logits is None  # the chunked loss never holds all logits
     torch.testing.assert_close(chunked.loss, with_logits.loss)
+    torch.testing.assert_close(chunked.nll_loss, with_logits.nll_loss)
     assert grads.keys() == chunked_grads.keys()
     for name in grads:
         torch.testing.assert_close(chunked_grads[name], grads[name], msg=name)
@@ -534,18 +594,13 @@ def test_chunked_projected_loss_and_gradients_match_torch_cross_entropy(chunk_si
     bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 50, (3, 7))
     labels[0, 3] = labels[2, 6] = -100
-    ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, chunk_size, scale)
+    ours, ours_nll = ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, labels, 0.1, chunk_size, scale)
     ours_grads = torch.autograd.grad(ours * upstream, (hidden, weight, bias))
-    reference = nn.functional.cross_entropy(
-        nn.functional.linear(hidden, weight, bias).flatten(0, 1),
-        labels.flatten(),
-        ignore_index=-100,
-        reduction="sum",
-        label_smoothing=0.1,
-    )
-    reference = reference * scale
+    logits, targets = nn.functional.linear(hidden, weight, bias).flatten(0, 1), labels.flatten()
+    reference = nn.functional.cross_entropy(logits, targets, reduction="sum", label_smoothing=0.1) * scale
     reference_grads = torch.autograd.grad(reference * upstream, (hidden, weight, bias))
     torch.testing.assert_close(ours, reference)
+    torch.testing.assert_close(ours_nll, nn.functional.cross_entropy(logits, targets, reduction="sum") * scale)
     for name, got, expected in zip(("hidden", "weight", "bias"), ours_grads, reference_grads, strict=True):
         torch.testing.assert_close(got, expected, msg=name)
 
@@ -559,7 +614,7 @@ def test_chunked_projected_loss_under_bf16_autocast_matches_torch_cross_entropy(
     labels = torch.randint(0, 50, (3, 7))
     labels[0, 3] = -100
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = ProjectedLabelSmoothedLoss.apply(hidden, weight, None, labels, 0.1, chunk_size, 1 / 20)
+        ours, _ = ProjectedLabelSmoothedLoss.apply(hidden, weight, None, labels, 0.1, chunk_size, 1 / 20)
         logits = nn.functional.linear(hidden, weight).float().flatten(0, 1)
         reference = nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum", label_smoothing=0.1) / 20
     ours_grads = torch.autograd.grad(ours, (hidden, weight))
@@ -637,3 +692,18 @@ def test_initialisation_is_the_reference_codes() -> None:
         assert torch.count_nonzero(linear.bias) == 0
     norm = model.model.encoder.layers[0].feed_forward_norm
     assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
+
+
+def test_a_saved_config_with_label_smoothing_loads_and_keeps_it(tmp_path) -> None:
+    """Folders saved when 0.1 was the config's default still load, their loss smoothed as their config says."""
+    make_model(**TINY_MODEL).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"label_smoothing": 0.1}))
+    model = VaswaniForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert model.config.label_smoothing == 0.1
+    source, source_mask = padded_batch(VOCAB_SIZE, [6, 4])
+    labels = torch.tensor([[9, 12, 2, -100], [33, 2, -100, -100]])
+    out = model(input_ids=source, attention_mask=source_mask, labels=labels)
+    flat_logits, flat_labels = out.logits.flatten(0, 1), labels.flatten()
+    torch.testing.assert_close(out.loss, nn.functional.cross_entropy(flat_logits, flat_labels, label_smoothing=0.1))
+    torch.testing.assert_close(out.nll_loss, nn.functional.cross_entropy(flat_logits, flat_labels))

@@ -134,7 +134,7 @@ RECORD_DAMAGES = {
     ),
     "a bad setting": (
         lambda record: json.dumps(json.loads(record) | {"settings": {"max_steps": 0}}),
-        "are not valid (--max-steps must be positive, got 0)",
+        "are not valid (--max-steps must be positive and finite, got 0)",
     ),
 }
 
@@ -266,6 +266,38 @@ def test_the_hub_unreachable_is_one_line(tmp_path) -> None:
     assert result.returncode == 2
     assert result.stderr == f"vaswani train: error: Couldn't reach '{name}' on the Hub (OfflineModeIsEnabled)\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_in_use_is_refused_at_once_and_a_killed_run_does_not_hold_it(tmp_path, capsys) -> None:
+    corpus = write_corpus_files(tmp_path / "corpus")
+    run = tmp_path / "run"
+    # A run that stops itself (SIGSTOP) after its first step, holding the folder, until the test kills it.
+    command = [sys.executable, "interrupted_train.py", "step-1", "STOP", *train_arguments(run, corpus)[1:]]
+    holder = subprocess.Popen(command, cwd=Path(__file__).parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _, status = os.waitpid(holder.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), status
+        before = snapshot(run)
+        in_use = f"--output-dir {run} is in use by another run"
+        for argv in (
+            train_arguments(run, corpus),
+            train_arguments(run, corpus, "--resume"),
+            train_arguments(run, corpus, "--overwrite"),
+            ["demo", "--output-dir", str(run), "--overwrite"],
+        ):
+            refused(capsys, argv, in_use)
+        assert snapshot(run) == before  # nothing of the first run changed
+    finally:
+        holder.kill()  # SIGKILL: the lock goes with the process
+        holder.wait()
+    main(train_arguments(run, corpus, "--resume"))
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+
+
+def test_a_refused_run_leaves_no_folder_behind(tmp_path, capsys) -> None:
+    run = tmp_path / "new"
+    refused(capsys, train_arguments(run, write_corpus_files(tmp_path / "corpus"), "--resume", "--overwrite"), "exclude")
+    assert not run.exists()
 
 
 @pytest.mark.parametrize("entry", RUN_ENTRIES)

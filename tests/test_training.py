@@ -3,7 +3,6 @@
 import itertools
 import json
 import math
-from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +19,7 @@ from tiny import (
     toy_settings,
     toy_tokenizer,
 )
+from torch import nn
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -84,10 +84,11 @@ def test_transformers_inverse_sqrt_lags_equation_3_by_one_update() -> None:
         assert optimizer.param_groups[0]["lr"] == pytest.approx(eq3(step - 1, d_model, warmup), rel=1e-9)
 
 
-def test_paper_training_arguments_are_section_5_3() -> None:
+def test_paper_training_arguments_are_section_5_3_and_5_4() -> None:
     args = paper_training_arguments("unused")
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay) == (0.9, 0.98, 1e-9, 0.0)
     assert args.warmup_steps == 4000
+    assert args.label_smoothing_factor == 0.1
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +179,56 @@ def test_vaswani_trainer_uses_token_batches_and_equation_3_with_its_cooldown(tmp
     rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
     expected = [eq3(step, model.config.d_model, 5) * min(1.0, (12 - step + 1) / 4) for step in range(1, 13)]
     assert rates == pytest.approx(expected, rel=1e-6)  # Eq. 3, then the last 4 updates at 4/4, 3/4, 2/4, 1/4 of it
+
+
+@pytest.mark.parametrize("label_smoothing_factor", [0.1, 0.0])
+def test_vaswani_trainer_smooths_the_training_loss_and_logs_the_cross_entropy_beside_it(
+    tmp_path, tokenizer, label_smoothing_factor: float
+) -> None:
+    """The weights held still (learning rate 0), each optimizer step sees the whole toy corpus under the same model:
+    8 pairs, 2 batches of 4 accumulated. Each logged `loss` is then torch's label-smoothed cross-entropy over all its
+    target tokens, and `nll_loss` the plain cross-entropy, however the tokens fall into the two batches; evaluation
+    reports the cross-entropy."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(vocab_size=len(tokenizer), **TRAINABLE_MODEL, dropout=0.0)  # train mode = eval mode
+    model = VaswaniForConditionalGeneration(config)
+    tokenized = tokenize_corpus(toy_dataset(), tokenizer)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    args = paper_training_arguments(
+        tmp_path,
+        learning_rate=0.0,
+        label_smoothing_factor=label_smoothing_factor,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        per_device_eval_batch_size=8,
+        max_steps=4,
+        logging_steps=2,
+        warmup_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = VaswaniTrainer(
+        model=model, args=args, train_dataset=tokenized, eval_dataset=tokenized, data_collator=collator
+    )
+    trainer.train()
+    batch = collator([tokenized[i] for i in range(len(tokenized))])
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=batch["decoder_input_ids"],
+        ).logits
+    logits, labels = logits.flatten(0, 1), batch["labels"].flatten()  # -100 where padded
+    cross_entropy = nn.functional.cross_entropy(logits, labels).item()
+    smoothed = nn.functional.cross_entropy(logits, labels, label_smoothing=label_smoothing_factor).item()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [2, 4]
+    for entry in logged:
+        assert entry["loss"] == pytest.approx(smoothed, rel=1e-5)
+        assert entry["nll_loss"] == pytest.approx(cross_entropy, rel=1e-5)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(cross_entropy, rel=1e-5)  # its exp: the perplexity
+    assert model.config.label_smoothing == 0.0  # the trained model's own loss stays the cross-entropy
 
 
 def test_bpe_dropout_segments_every_epoch_afresh_into_the_exact_text(tokenizer) -> None:
@@ -327,8 +378,14 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
         assert results["cpu"] == cpu_lines[0].partition(":")[2].strip() and results["cpu"] in card
     assert card.startswith("---\n") and f"value: {results['bleu']}" in card and "$" not in card.split("---")[1]
     assert "| BPE-dropout in training | none | 0.1 |" in card
+    assert "| dropout P_drop / label smoothing | 0.1 / 0.1 | 0.1 / 0.1 |" in card  # §5.4's, a training setting
+    # the logs beside the smoothed loss: the cross-entropy, its exp the training perplexity
+    last_state = json.loads((tmp_path / "checkpoints" / "checkpoint-20" / "trainer_state.json").read_text())
+    logged = [entry for entry in last_state["log_history"] if "loss" in entry]
+    assert logged and all(0 < entry["nll_loss"] < math.inf for entry in logged)
     assert "BPE-dropout in training" in card.partition("Deviations from the paper:")[2].splitlines()[0]
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model")
+    assert model.config.label_smoothing == 0.0  # what users load returns the cross-entropy
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
     # The saved weights are the average of the last 3 checkpoints, not the last one.
     checkpoints = sorted((tmp_path / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -339,10 +396,13 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     assert isinstance(tokenizer.decode(out[0], skip_special_tokens=True), str)
 
 
-def test_label_smoothing_has_one_home_in_the_model_config() -> None:
-    assert model_config(RecipeSettings()).label_smoothing == 0.1  # the preset's
-    assert model_config(RecipeSettings(model_overrides={"label_smoothing": 0.2})).label_smoothing == 0.2
-    assert "label_smoothing" not in {setting.name for setting in fields(RecipeSettings)}
+def test_label_smoothing_is_a_training_setting_the_papers_by_default() -> None:
+    assert RecipeSettings().label_smoothing == DEMO_SETTINGS.label_smoothing == 0.1  # §5.4
+    assert model_config(RecipeSettings()).label_smoothing == 0.0  # the saved model returns the cross-entropy
+    with pytest.raises(ValueError, match="--model-override label_smoothing: a training setting.*--label-smoothing"):
+        RecipeSettings(model_overrides={"label_smoothing": 0.2})
+    with pytest.raises(ValueError, match=r"--label-smoothing must be in \[0, 1\), got 1.0"):
+        RecipeSettings(label_smoothing=1.0)
 
 
 def test_settings_refuse_what_could_not_finish() -> None:

@@ -3,6 +3,8 @@
 Usage: python tiny_training_run.py DATA.tsv OUTPUT_DIR MAX_TOKENS UPDATE_FREQ STEPS SAVE_STEPS DROPOUT [resume]
 Writes OUTPUT_DIR/state_rank{R}.pt (each rank's final parameters) and, from rank 0, OUTPUT_DIR/losses.json.
 The run is seeded and in transformers' full_determinism; with NO_KERNEL_TIMING=1 a kernel choice by timing fails it.
+Under `accelerate launch --use_fsdp` it trains sharded on the CPU (`FsdpOnCpuTrainer`), each rank writing the full
+parameters gathered from the shards.
 """
 
 import json
@@ -12,8 +14,11 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from helpers import timing_forbidden
 from tiny import TOY_VOCAB_SIZE, TRAINABLE_MODEL
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels
@@ -46,7 +51,24 @@ args = paper_training_arguments(
     full_determinism=True,
     dataloader_num_workers=0,
 )
-trainer = VaswaniTrainer(
+
+
+class FsdpOnCpuTrainer(VaswaniTrainer):
+    """VaswaniTrainer on accelerate's FSDP path on a CPU. accelerate turns FSDP on only with an accelerator (on a CPU
+    `--use_fsdp` trains DDP), so its state is set as it is on GPUs, from the launcher's --fsdp_* flags."""
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        state = self.accelerator.state
+        state.fsdp_plugin = FullyShardedDataParallelPlugin()  # reads the launcher's flags, as Accelerator does
+        state.distributed_type = DistributedType.FSDP
+        # accelerate's CPU device is "cpu:0", which torch's FSDP takes for another device than its parameters' "cpu"
+        state.device = torch.device("cpu")
+        self.is_fsdp_enabled = True
+
+
+fsdp = os.environ.get("ACCELERATE_USE_FSDP") == "true"  # what `accelerate launch --use_fsdp` sets
+trainer = (FsdpOnCpuTrainer if fsdp else VaswaniTrainer)(
     model=model,
     args=args,
     train_dataset=tokenize_corpus(dataset, tokenizer),
@@ -66,8 +88,15 @@ class WaitAfterSave(TrainerCallback):
 
 trainer.add_callback(WaitAfterSave())
 trainer.train(resume_from_checkpoint=resume or None)
-torch.save(trainer.model.state_dict(), output / f"state_rank{trainer.args.process_index}.pt")
+if fsdp:  # each rank gathers the whole of every parameter, under the plain model's names
+    final_state = get_model_state_dict(trainer.model_wrapped, options=StateDictOptions(full_state_dict=True))
+else:
+    final_state = trainer.model.state_dict()
+torch.save(final_state, output / f"state_rank{trainer.args.process_index}.pt")
 if trainer.is_world_process_zero():
+    if fsdp:  # the modules FSDP made units of their own, inside the whole model's
+        units = [unit.module for unit in trainer.model_wrapped.modules() if isinstance(unit, FullyShardedDataParallel)]
+        (output / "fsdp_units.txt").write_text("\n".join(type(module).__name__ for module in units[1:]))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     (output / "losses.json").write_text(json.dumps(losses))
 if torch.distributed.is_initialized():

@@ -1,0 +1,71 @@
+"""`vaswani train` that sends itself a signal at one phase of the run (the fault-injection test runs it).
+
+Usage: python interrupted_train.py PHASE SIGNAL [vaswani train options...]
+PHASE is where the signal comes: `step-N` (after optimizer step N), `saving-N` (while checkpoint N is being written,
+its weights saved but not its optimizer state), `averaging` (the averaged weights written, before they are moved into
+place), `model-save` (the model folder written, before it is moved into place) or `none`. SIGNAL is KILL, INT or
+STOP (the run then waits, holding its folder, until it is killed).
+"""
+
+import os
+import signal
+import sys
+
+import torch
+from transformers import TrainerCallback
+
+import hf_vaswani.callbacks
+import hf_vaswani.recipe
+from hf_vaswani.cli import main
+
+phase, signal_name, options = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+
+def interrupt() -> None:
+    os.kill(os.getpid(), getattr(signal, "SIG" + signal_name))
+    # SIGINT raises KeyboardInterrupt at the next bytecode; SIGKILL never returns
+    signal.pause()
+
+
+class InterruptAfterStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.step:
+            interrupt()
+
+
+class InterruptedTrainer(hf_vaswani.recipe.VaswaniTrainer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(InterruptAfterStep(int(phase.removeprefix("step-"))))
+
+
+def interrupted_after(function):
+    def call(*args, **kwargs):
+        function(*args, **kwargs)
+        interrupt()
+
+    return call
+
+
+if phase.startswith("step-"):
+    hf_vaswani.recipe.VaswaniTrainer = InterruptedTrainer
+elif phase.startswith("saving-"):
+    save = torch.save
+    checkpoint = f"checkpoint-{phase.removeprefix('saving-')}"
+
+    def save_until_the_optimizer(state, path, *args, **kwargs):
+        if os.path.basename(path) == "optimizer.pt" and os.path.basename(os.path.dirname(path)) == checkpoint:
+            interrupt()
+        save(state, path, *args, **kwargs)
+
+    torch.save = save_until_the_optimizer
+elif phase == "averaging":
+    hf_vaswani.callbacks.average_checkpoints = interrupted_after(hf_vaswani.callbacks.average_checkpoints)
+elif phase == "model-save":
+    hf_vaswani.recipe.save_model_folder = interrupted_after(hf_vaswani.recipe.save_model_folder)
+elif phase != "none":
+    raise SystemExit(f"unknown phase {phase}")
+main(["train", *options])
