@@ -29,38 +29,34 @@ if [[ $recipe != default && $recipe != published ]]; then
     exit 2
 fi
 
+text=$data
 if [[ $recipe == published ]]; then
-    prepared=$output/prepared
-    if [[ ! -d $prepared ]]; then  # renamed into place once whole: a folder by that name is complete
-        rm -rf "$prepared.partial"
-        python3 "$(dirname "$0")/prepare_multi30k.py" "$data" "$prepared.partial" \
-            --source-lang "$src" --target-lang "$tgt"
-        mv "$prepared.partial" "$prepared"
+    text=$output/prepared
+    if [[ ! -d $text ]]; then  # renamed into place once whole: a folder by that name is complete
+        rm -rf "$text.partial"
+        python3 "$(dirname "$0")/prepare_multi30k.py" "$data" "$text.partial" --source-lang "$src" --target-lang "$tgt"
+        mv "$text.partial" "$text"
     fi
+fi
+# The corpus, and Wu et al. (2021)'s `transformer_tiny` size.
+common=(--output-dir "$output" --data files --source-lang "$src" --target-lang "$tgt"
+    --train "$text/train.$src.gz" "$text/train.$tgt.gz" --validation "$text/val.$src.gz" "$text/val.$tgt.gz"
+    --test "$text/test_2016_flickr.$src.gz" "$text/test_2016_flickr.$tgt.gz"
+    --preset base --model-override d_model=128 --model-override d_ff=256 --model-override num_heads=4
+    --model-override encoder_layers=4 --model-override decoder_layers=4)
+
+if [[ $recipe == published ]]; then
     # Eq. 3 x 0.005 sqrt(2000 x 128) is fairseq's inverse_sqrt with lr 0.005 and 2,000 warmup updates at d_model 128;
     # 3,800 tokens x 2 batches an update are about the anchor's 2 GPUs x 4,096 tokens (docs/results.md).
-    exec vaswani train --output-dir "$output" --data files --source-lang "$src" --target-lang "$tgt" \
-        --train "$prepared/train.$src.gz" "$prepared/train.$tgt.gz" \
-        --validation "$prepared/val.$src.gz" "$prepared/val.$tgt.gz" \
-        --test "$prepared/test_2016_flickr.$src.gz" "$prepared/test_2016_flickr.$tgt.gz" \
-        --preset base \
-        --model-override d_model=128 --model-override d_ff=256 --model-override num_heads=4 \
-        --model-override encoder_layers=4 --model-override decoder_layers=4 --model-override dropout=0.3 \
-        --model-override layer_norm_eps=1e-5 --model-override positional_encoding=fairseq_sinusoidal \
+    exec vaswani train "${common[@]}" --model-override dropout=0.3 --model-override layer_norm_eps=1e-5 \
+        --model-override positional_encoding=fairseq_sinusoidal \
         --vocab-size 10260 --max-tokens 3800 --update-freq 2 --warmup-steps 2000 \
         --learning-rate-scale 2.5298221281347035 --max-steps 8000 --adam-epsilon 1e-8 --max-grad-norm 25 \
         --label-smoothing 0.1 --save-every-epoch --average-last 10 \
         --early-stopping-metric loss --early-stopping-patience 10 \
         --num-beams 5 --length-penalty 1.0 --length-penalty-type power --seed 1 "$@"
 fi
-
-exec vaswani train --output-dir "$output" --data files --source-lang "$src" --target-lang "$tgt" \
-    --train "$data/train.$src.gz" "$data/train.$tgt.gz" \
-    --validation "$data/val.$src.gz" "$data/val.$tgt.gz" \
-    --test "$data/test_2016_flickr.$src.gz" "$data/test_2016_flickr.$tgt.gz" \
-    --preset base \
-    --model-override d_model=128 --model-override d_ff=256 --model-override num_heads=4 \
-    --model-override encoder_layers=4 --model-override decoder_layers=4 \
+exec vaswani train "${common[@]}" \
     --vocab-size 8000 --max-tokens 4096 --warmup-steps 800 --learning-rate-scale 1.5 --max-train-minutes 28.5 \
     --max-steps 6000 --cooldown-steps 1200 --save-steps 200 --average-last 1 --logging-steps 50 --bf16-if-faster \
     --length-penalty 1.4 --eval-bleu-steps 400 --eval-bleu-sample 500 "$@"

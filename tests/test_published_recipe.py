@@ -138,6 +138,8 @@ def test_the_default_recipe_stays_the_raw_text_one(tmp_path) -> None:
     arguments = run_script(tmp_path, tmp_path / "raw", tmp_path / "out")
     assert arguments[arguments.index("--train") + 1] == str(tmp_path / "raw" / "train.en.gz")
     assert "--max-train-minutes" in arguments and not (tmp_path / "out").exists()
+    settings = settings_from_args(build_parser().parse_args(arguments))
+    assert (settings.model_overrides["d_model"], settings.vocab_size, settings.max_steps) == (128, 8000, 6000)
 
 
 # --- Schedule and update ---------------------------------------------------------------------------------------------
