@@ -12,6 +12,7 @@ from pathlib import Path
 from .allocator import reuse_freed_memory
 from .files import check_input_file, check_output_file, new_folder
 from .settings import DEMO_SETTINGS, RecipeSettings, setting_flag
+from .shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -169,7 +170,40 @@ def generation_options(args: argparse.Namespace) -> dict:
         if (value := getattr(args, name)) is not None
     }
     check_generation_options(**options)
-    return options
+    return options | ({"use_shortlist": True} if args.shortlist else {})
+
+
+def check_shortlist_folder(model: str) -> None:
+    """--shortlist needs a local model folder holding a shortlist (checked before the model is loaded)."""
+    from .shortlist import SHORTLIST_FILE
+
+    if not (Path(model) / SHORTLIST_FILE).is_file():
+        raise ValueError(f"--shortlist: {model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
+
+
+def command_shortlist(args: argparse.Namespace) -> None:
+    from .data import load_parallel_files
+    from .loading import load_model_folder
+    from .shortlist import shortlist_of_corpus
+
+    if not Path(args.model).is_dir():
+        raise ValueError(f"{args.model} is not a model folder: the shortlist is saved into it")
+    check_input_file(args.source, "--source")
+    check_input_file(args.target, "--target")
+    for option, value, least in (("--per-source", args.per_source, 1), ("--frequent", args.frequent, 0)):
+        if value < least:
+            raise ValueError(f"{option} must be at least {least}, got {value}")
+    corpus = load_parallel_files(args.source, args.target)
+    model, tokenizer = load_model_folder(args.model)
+    shortlist = shortlist_of_corpus(
+        tokenizer,
+        list(corpus["source"]),
+        list(corpus["target"]),
+        model.config.vocab_size,
+        args.per_source,
+        args.frequent,
+    )
+    print(shortlist.save(args.model))
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -191,6 +225,8 @@ def command_translate(args: argparse.Namespace) -> None:
         check_output_file(args.output, "--output")
     check_batch_size(args.batch_size)
     options = generation_options(args)
+    if args.shortlist:
+        check_shortlist_folder(args.model)
     if args.nbest is not None:
         check_nbest(args.nbest, options.get("num_beams"))
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
@@ -253,10 +289,13 @@ def command_evaluate(args: argparse.Namespace) -> None:
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
     check_batch_size(args.batch_size)
+    if args.shortlist:
+        check_shortlist_folder(args.model)
     test = load_parallel_files(args.source, args.reference)
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    options = {"use_shortlist": True} if args.shortlist else {}
     hypotheses, report = translate_and_score(
-        model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size
+        model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size, **options
     )
     report["sentences"] = len(hypotheses)
     print(json.dumps(report, indent=2))
@@ -289,7 +328,9 @@ def command_export(args: argparse.Namespace) -> None:
         model, tokenizer = load_model_folder(args.model)
         write_ctranslate2(model, tokenizer, temporary, args.quantization)
     print(args.output)
-    print(decoding_note(model.generation_config), file=sys.stderr)  # CTranslate2 models carry no decoding settings
+    shortlist = getattr(model, "shortlist", None) is not None
+    # CTranslate2 models carry no decoding settings
+    print(decoding_note(model.generation_config, shortlist), file=sys.stderr)
 
 
 def command_push(args: argparse.Namespace) -> None:
@@ -335,6 +376,15 @@ def add_run_folder_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="delete the run in OUTPUT_DIR (checkpoints, tokenizer, model, results) and start a new one; without "
         "--resume or --overwrite a folder holding a run is refused",
+    )
+
+
+def add_shortlist_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shortlist",
+        action="store_true",
+        help="score only the target tokens the model folder's shortlist lists for each batch (faster on CPU; built "
+        "by `vaswani shortlist`)",
     )
 
 
@@ -403,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a target word's attention is the mean over its subword tokens, a source word's the sum over its tokens",
     )
     translate.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer, 0-based; -1 is the last")
+    add_shortlist_argument(translate)
     add_model_loading_arguments(translate)
     translate.set_defaults(handler=command_translate)
 
@@ -436,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reference", required=True, type=Path, help="reference translations, line by line")
     evaluate.add_argument("--target-lang", default="de", help="language of the Moses tokenizer for tokenized BLEU")
     evaluate.add_argument("--batch-size", type=int, default=64)
+    add_shortlist_argument(evaluate)
     add_model_loading_arguments(evaluate)
     evaluate.set_defaults(handler=command_evaluate)
 
@@ -451,6 +503,24 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source", type=Path, help="a saved MarianMTModel or FSMTForConditionalGeneration folder")
     convert.add_argument("output", type=Path)
     convert.set_defaults(handler=command_convert)
+
+    shortlist = commands.add_parser(
+        "shortlist",
+        help="build the model's vocabulary shortlist from a parallel corpus, into its folder (translate --shortlist)",
+        description="For each source token, its target tokens of highest Dice coefficient over the corpus's sentence "
+        "pairs; with the most frequent target tokens and the special tokens always listed. Written to the model "
+        "folder as shortlist.safetensors (and by `vaswani export` as CTranslate2's vocabulary map).",
+    )
+    shortlist.add_argument("model", help="a saved model folder")
+    shortlist.add_argument("--source", required=True, type=Path, help="source sentences, one a line (.gz allowed)")
+    shortlist.add_argument("--target", required=True, type=Path, help="their translations, line by line")
+    shortlist.add_argument(
+        "--per-source", type=int, default=SHORTLIST_PER_SOURCE, help="target tokens listed per source token"
+    )
+    shortlist.add_argument(
+        "--frequent", type=int, default=SHORTLIST_FREQUENT, help="most frequent target tokens, always listed"
+    )
+    shortlist.set_defaults(handler=command_shortlist)
 
     export = commands.add_parser("export", help="write a CTranslate2 model (and our tokenizer) translating the same")
     export.add_argument("--to", dest="target", choices=["ctranslate2"], required=True, help="the target format")

@@ -33,6 +33,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin, PreTrainedModel
 
+from . import decoding_loop
 from .loss_vaswani import label_smoothed_loss
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniMultiHeadAttention
 
@@ -58,8 +59,12 @@ def kernelize(model: PreTrainedModel) -> PreTrainedModel:
 
 def generate_with_packed_weights(generate: Callable, *args, **kwargs):
     """`generate(*args, **kwargs)` with its model's decoding weights packed for the call (`packed_weights`), unless
-    the caller holds them packed for many calls."""
-    with packed_weights(generate.__self__):
+    the caller holds them packed for many calls; by the package's decoding loop where it covers the call
+    (decoding_loop.py)."""
+    model = generate.__self__
+    with packed_weights(model):
+        if isinstance(model, VaswaniForConditionalGeneration):
+            return decoding_loop.generate(model, generate, *args, **kwargs)
         return generate(*args, **kwargs)
 
 

@@ -30,6 +30,7 @@ a tokenizer whose vocabulary is not exactly the model's or that has no unk token
 """
 
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrain
 from .configuration_vaswani import VaswaniConfig
 from .convert import _layer_target, interleave_permutation
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .shortlist import write_ctranslate2_vocabulary_map
 
 # Marian's parameters outside the layers -> ours, with the axis that is the model dimension.
 _EMBEDDING_SOURCES = {
@@ -173,17 +175,25 @@ def write_ctranslate2(
             spec.config.layer_norm_epsilon = config.layer_norm_eps
             return spec
 
-    # force: the folder is new or empty (checked above), and the converter recreates it.
-    MarianModelConverter().convert(str(output_dir), quantization=quantization, force=True)
+    shortlist = getattr(model, "shortlist", None)
+    with tempfile.TemporaryDirectory() as scratch:
+        vocabulary_map = None
+        if shortlist is not None:  # the same lists for both engines: translate_batch(..., use_vmap=True)
+            vocabulary_map = str(Path(scratch) / "vmap.txt")
+            write_ctranslate2_vocabulary_map(shortlist, tokens, vocabulary_map)
+        # force: the folder is new or empty (checked above), and the converter recreates it.
+        MarianModelConverter().convert(str(output_dir), vmap=vocabulary_map, quantization=quantization, force=True)
     tokenizer.save_pretrained(output_dir)
     return output_dir
 
 
-def decoding_note(generation_config: GenerationConfig) -> str:
-    """How to decode the CTranslate2 model as closely as it can to `generation_config`, and what differs."""
+def decoding_note(generation_config: GenerationConfig, shortlist: bool = False) -> str:
+    """How to decode the CTranslate2 model as closely as it can to `generation_config` (and the model's shortlist, as
+    its vocabulary map), and what differs."""
     beams = generation_config.num_beams or 1
     alpha = generation_config.length_penalty if generation_config.length_penalty is not None else 1.0
-    note = f"decode with translator.translate_batch(tokens, beam_size={beams}, length_penalty={alpha})"
+    vocabulary_map = ", use_vmap=True (the shortlist)" if shortlist else ""
+    note = f"decode with translator.translate_batch(tokens, beam_size={beams}, length_penalty={alpha}{vocabulary_map})"
     differences = []
     # absent means GNMT, as in PaperDecodingMixin.generate
     if beams > 1 and getattr(generation_config, "length_penalty_type", "gnmt") != "power":

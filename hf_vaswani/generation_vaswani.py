@@ -67,15 +67,25 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
         self.start_length = start_length  # the decoder prompt (start token) is not output
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        # Beam search and num_return_sequences repeat each sentence's rows consecutively.
-        rows_per_sentence = input_ids.shape[0] // self.source_lengths.shape[0]
-        caps = self.source_lengths.to(input_ids.device).repeat_interleave(rows_per_sentence) + self.extra_tokens
-        generated = input_ids.shape[1] - self.start_length
-        rows_at_cap = (generated + 1 >= caps).nonzero().squeeze(1)
+        rows_at_cap = self.rows_at_cap(*input_ids.shape)
         if rows_at_cap.numel() == 0:  # most steps: no vocabulary-sized work at all
             return scores
-        scores = scores.index_fill(0, rows_at_cap, -math.inf)  # only the rows at their cap change
-        scores[rows_at_cap, self.eos_token_id] = 0.0
+        return self.force_end(scores.clone(), rows_at_cap)
+
+    def rows_at_cap(self, rows: int, length: int) -> torch.Tensor:
+        """Which of `rows` hypotheses of `length` tokens (the prompt included) must end at the next token."""
+        # Beam search and num_return_sequences repeat each sentence's rows consecutively.
+        rows_per_sentence = rows // self.source_lengths.shape[0]
+        caps = self.source_lengths.repeat_interleave(rows_per_sentence) + self.extra_tokens
+        generated = length - self.start_length
+        return (generated + 1 >= caps).nonzero().squeeze(1)
+
+    def force_end(self, scores: torch.FloatTensor, rows: torch.Tensor, eos_column: int | None = None):
+        """`scores` (changed in place) with </s> the only choice in `rows`; </s> in column `eos_column` where the
+        scores cover part of the vocabulary only (its id otherwise)."""
+        rows = rows.to(scores.device)
+        scores.index_fill_(0, rows, -math.inf)
+        scores[rows, self.eos_token_id if eos_column is None else eos_column] = 0.0
         return scores
 
 
@@ -97,13 +107,16 @@ class BannedColumnsLogitsProcessor(LogitsProcessor):
         self.rules = rules
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        length = input_ids.shape[-1]
+        ids = self.banned_ids(input_ids.shape[-1], scores.shape[-1])
+        return scores if ids is None else scores.index_fill(1, ids.to(scores.device), -math.inf)
+
+    def banned_ids(self, length: int, vocab_size: int) -> torch.Tensor | None:
+        """The columns barred at a step whose hypotheses hold `length` tokens, or None when no rule bars any."""
         banned = [ids.reshape(-1) for ids, min_length, skipped in self.rules if length - skipped < min_length]
         if not banned:
-            return scores
-        ids = torch.cat(banned).to(scores.device)
-        ids = ids[(ids >= 0) & (ids < scores.shape[-1])]  # theirs match only ids inside the vocabulary
-        return scores.index_fill(1, ids, -math.inf)
+            return None
+        ids = torch.cat(banned)
+        return ids[(ids >= 0) & (ids < vocab_size)]  # theirs match only ids inside the vocabulary
 
     @staticmethod
     def rules_of(processor: LogitsProcessor, vocab_size: int) -> list[tuple[torch.Tensor, float, int]] | None:
@@ -179,6 +192,18 @@ class PaperDecodingMixin:
     # as transformers' own generate: a cache given under its old name is read below under the new one
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        generation_config, kwargs = self.paper_decoding_request(inputs, generation_config, kwargs)
+        output = super().generate(inputs, generation_config, **kwargs)
+        if isinstance(getattr(output, "cache", None), EncoderDecoderCache):
+            copy_shared_cross_attention_cache(output.cache)
+        return output
+
+    def paper_decoding_request(
+        self, inputs: torch.Tensor | None, generation_config: GenerationConfig | None, kwargs: dict
+    ) -> tuple[GenerationConfig | None, dict]:
+        """A `generate` call's generation config and arguments as transformers' `generate` gets them: checked, the
+        source-length cap as a logits processor and `max_new_tokens`, a GNMT penalty as a GnmtLengthPenalty."""
+        kwargs = dict(kwargs)
         config = generation_config if generation_config is not None else self.generation_config
         source_ids = inputs if inputs is not None else kwargs.get("input_ids")
         check_source(source_ids, kwargs.get("inputs_embeds"), self.get_input_embeddings())
@@ -201,10 +226,7 @@ class PaperDecodingMixin:
             else:  # into a copy of the given config: an argument beside it would make transformers warn
                 generation_config = copy.copy(generation_config)
                 generation_config.length_penalty = alpha
-        output = super().generate(inputs, generation_config, **kwargs)
-        if isinstance(getattr(output, "cache", None), EncoderDecoderCache):
-            copy_shared_cross_attention_cache(output.cache)
-        return output
+        return generation_config, kwargs
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
         processors = super()._get_logits_processor(*args, **kwargs)

@@ -25,6 +25,7 @@ from .cpu_kernels import kernelize
 from .generation_vaswani import check_generation_settings
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .quantization import quantize_int8
+from .shortlist import SHORTLIST_FILE, Shortlist
 from .tokenization import read_tokenizer_file
 
 
@@ -186,4 +187,6 @@ def load_model_folder(
     model = model.to(device)
     if isinstance(model, VaswaniForConditionalGeneration):
         kernelize(model)
+        if (Path(path) / SHORTLIST_FILE).is_file():  # used where a call asks (use_shortlist), by decoding_loop.py
+            model.shortlist = Shortlist.load(path, model.config.vocab_size)
     return quantize_int8(model) if int8 else model, tokenizer

@@ -92,3 +92,20 @@ def test_huggingface_hub_http_error_is_its_clients_error_base() -> None:
     base = getattr(errors, "HTTPError", None)
     assert isinstance(base, type), "huggingface_hub.errors.HTTPError is gone"
     assert issubclass(errors.HfHubHTTPError, base), "huggingface_hub.errors.HTTPError is no longer its errors' base"
+
+
+def test_generation_mixin_prepare_generation_config() -> None:
+    """decoding_loop resolves a call's settings with it, exactly as transformers' generate does: the given config,
+    then the model's, then the defaults, the call's arguments last, the rest handed back as model arguments."""
+    from tiny import TINY_MODEL, random_model
+
+    model = random_model(0, TINY_MODEL)
+    prepare = getattr(model, "_prepare_generation_config", None)
+    assert prepare is not None, "GenerationMixin._prepare_generation_config is gone"
+    assert "_prepare_generation_config(" in inspect.getsource(GenerationMixin.generate), (
+        "transformers' generate no longer calls _prepare_generation_config"
+    )
+    model.generation_config.num_beams = 3
+    config, arguments = prepare(GenerationConfig(length_penalty=0.5), max_new_tokens=7, attention_mask="mask")
+    assert (config.num_beams, config.length_penalty, config.max_new_tokens) == (3, 0.5, 7)
+    assert arguments == {"attention_mask": "mask"}, f"_prepare_generation_config hands back {arguments}"
