@@ -23,7 +23,10 @@ forces either.
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from weakref import WeakKeyDictionary
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -211,7 +214,7 @@ class Decoder:
             input_ids=request.source_ids, attention_mask=request.source_mask
         ).last_hidden_state
         self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
-        self.output_rows = None if request.columns is None else output_rows(model.lm_head, request.columns)
+        self.projection = model.lm_head if request.columns is None else projection_over(model.lm_head, request.columns)
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """float32 logits (rows x columns, a tensor of their own) of the next token after each row's `tokens`."""
@@ -222,17 +225,27 @@ class Decoder:
             cache=self.cache,
             use_cache=True,
         ).last_hidden_state
-        if self.output_rows is not None:
-            return torch.nn.functional.linear(hidden[:, -1].float(), *self.output_rows)
-        return self.model.lm_head(hidden)[:, -1].float()
+        return self.projection(hidden)[:, -1].float()
 
 
-def output_rows(projection: torch.nn.Module, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The float32 weight rows and biases of the output projection for `columns`; an int8 projection's dequantized."""
-    weight, bias = projection.weight, projection.bias
-    if callable(weight):  # torch.ao's dynamically quantized Linear hands its parameters out by call
-        weight, bias = weight().dequantize(), bias()
-    return weight[columns].float(), None if bias is None else bias[columns].float()
+# torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call (0.2 s at 37,000 x 512): each
+# int8 output projection is unpacked once. An int8 model is for inference, its weights never change.
+UNPACKED_INT8_WEIGHTS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output projection's product for `columns` only (its rows of those tokens), of its own kind: an int8
+    projection (torch.ao's dynamically quantized Linear) gives an int8 one of the same values."""
+    if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
+        if projection not in UNPACKED_INT8_WEIGHTS:
+            UNPACKED_INT8_WEIGHTS[projection] = (projection.weight(), projection.bias())
+        weight, bias = UNPACKED_INT8_WEIGHTS[projection]
+        rows = torch.ao.nn.quantized.dynamic.Linear(projection.in_features, len(columns), dtype=torch.qint8)
+        # index_select: indexing a quantized tensor with [] dequantizes it whole first
+        rows.set_weight_bias(weight.index_select(0, columns), None if bias is None else bias[columns])
+        return rows
+    bias = None if projection.bias is None else projection.bias[columns]
+    return partial(torch.nn.functional.linear, weight=projection.weight[columns], bias=bias)
 
 
 def apply_rules(request: Request, scores: torch.Tensor, length: int) -> torch.Tensor:

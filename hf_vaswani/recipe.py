@@ -46,6 +46,7 @@ from .run_folder import (
 from .schedule import TrainingTimeBudgetCallback
 from .scoring import translate_and_score
 from .settings import RecipeSettings, model_config, setting_flag
+from .shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
 from .tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from .trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
@@ -263,8 +264,16 @@ def train_and_write(
     }
     model_dir = output_dir / "model"
 
+    shortlist = None
+    if settings.build_shortlist:
+        train = corpus["train"]
+        sizes = (len(tokenizer), SHORTLIST_PER_SOURCE, SHORTLIST_FREQUENT)
+        shortlist = shortlist_of_corpus(tokenizer, list(train["source"]), list(train["target"]), *sizes)
+
     def write_model_folder(folder: Path) -> None:
         save_model_folder(model, tokenizer, folder)
+        if shortlist is not None:
+            shortlist.save(folder)
         card_fields = (model.config, settings, results, source_lang, target_lang, dataset_name, sources[0])
         write_model_card(folder, *card_fields, model_name=model_dir.name)
 

@@ -20,7 +20,14 @@ TOKENIZER_FOLDER = "tokenizer"  # the run's vocabulary, saved before training so
 RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", "model", "results.json", "training_curves.png")
 # Settings a resumed run may change: more steps continue the same trajectory (Eq. 3 and the data order do not depend
 # on the total), and decoding and evaluation come after training. Fewer steps could end before the last checkpoint.
-RESUMABLE_SETTINGS = ("max_steps", "num_beams", "length_penalty", "eval_batch_size", "eval_bleu_sample")
+RESUMABLE_SETTINGS = (
+    "max_steps",
+    "num_beams",
+    "length_penalty",
+    "eval_batch_size",
+    "eval_bleu_sample",
+    "build_shortlist",
+)
 
 
 def is_main_process() -> bool:

@@ -105,6 +105,13 @@ class RecipeSettings:
             "--save-steps, as fairseq does; --average-last then counts these"
         },
     )
+    build_shortlist: bool = field(
+        default=False,
+        metadata={
+            "help": "also write the model folder's vocabulary shortlist, built from the training corpus with the "
+            "default sizes (`vaswani shortlist`; used by translate --shortlist); the test is scored without it"
+        },
+    )
     logging_steps: int = field(
         default=100, metadata={"help": "optimizer steps between logged training losses; at most --max-steps"}
     )

@@ -28,7 +28,7 @@ from .files import replace_file
 
 SHORTLIST_FILE = "shortlist.safetensors"
 SHORTLIST_PER_SOURCE = 50  # the default sizes (docs/performance.md: chosen on Multi30k's validation set)
-SHORTLIST_FREQUENT = 500
+SHORTLIST_FREQUENT = 100
 PAIRS_PER_CHUNK = 20_000  # sentence pairs counted at a time: their co-occurrence keys stay within a few hundred MB
 
 

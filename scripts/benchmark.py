@@ -3,14 +3,17 @@
 A random MarianMTModel converted with `from_marian` (both compute the same function: their logits are compared) and
 CTranslate2 converted from the same Marian folder. Repetitions alternate between systems; medians are reported.
 Measured: training tokens/s (forward, backward, fused AdamW; hf_vaswani with its trainer's chunked loss), peak RSS
-growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length, and each
-decoding's share of the matmul and roofline bounds. Results and their reading: docs/performance.md.
+growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length (hf_vaswani
+by its own decoding loop and by transformers'), and each decoding's share of the matmul and roofline bounds. With
+--shortlist-size N, hf_vaswani also decodes with a vocabulary shortlist of N tokens and CTranslate2 with the same
+tokens as its vocabulary map. Results and their reading: docs/performance.md.
 
     python scripts/benchmark.py --preset base --repeats 3 --train-steps 2 [--int8]
     python scripts/benchmark.py --preset tiny --repeats 2           # a quick check
     python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
     python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
     python scripts/benchmark.py --preset base --torch-compile       # training under torch.compile, both models
+    python scripts/benchmark.py --preset base --shortlist-size 2000  # decoding with a shortlist, both engines
 """
 
 from __future__ import annotations
@@ -42,12 +45,16 @@ from hf_vaswani.cpu_kernels import kernelize, onednn_product, packed_weights
 from hf_vaswani.modeling_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.precision import cpu_bf16_matmul_works
 from hf_vaswani.quantization import quantize_int8
+from hf_vaswani.shortlist import Shortlist
 
 PRESETS = {
     "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},
     "tiny": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 256, "vocab": 1000},
 }
 EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last vocabulary entry, as CTranslate2 expects
+TRANSFORMERS_LOOP = "hf_vaswani, transformers' loop"
+WITH_SHORTLIST = "hf_vaswani + shortlist"
+CT2_WITH_MAP = "CTranslate2 + vocabulary map"
 
 
 def machine_description(threads: int) -> dict[str, str | int]:
@@ -144,6 +151,13 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="train both PyTorch models under torch.compile (inductor), as TrainingArguments(torch_compile=True) "
         "does through accelerate; the compilation falls in the first steps, so the peak RSS includes it",
+    )
+    parser.add_argument(
+        "--shortlist-size",
+        type=int,
+        default=0,
+        help="also decode with a vocabulary shortlist of this many tokens (random ones: the speed depends on the "
+        "size only), hf_vaswani with use_shortlist and CTranslate2 with them as its vocabulary map",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark_results"))
@@ -280,9 +294,12 @@ def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
     return source.shape[0] * new_tokens / seconds
 
 
-def ct2_serve(connection, marian_dir: str, vocab: int, compute_type: str, threads: int) -> None:
+def ct2_serve(
+    connection, marian_dir: str, vocab: int, compute_type: str, threads: int, vocabulary_map: list[int]
+) -> None:
     """CTranslate2 in a process of its own, so that its OpenMP runtime (Intel's) and torch's (GNU) never share one:
-    loaded together they slow PyTorch down. Converts the saved Marian folder, then answers decoding requests."""
+    loaded together they slow PyTorch down. Converts the saved Marian folder (with `vocabulary_map`'s token ids, if
+    any, as the vocabulary map's always-listed tokens), then answers decoding requests."""
     try:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
@@ -297,7 +314,11 @@ def ct2_serve(connection, marian_dir: str, vocab: int, compute_type: str, thread
             return SimpleNamespace(get_vocab=lambda: tokens, eos_token="</s>", unk_token="<unk>")
 
     output_dir = str(Path(marian_dir).parent / "ct2")
-    NoTokenizerConverter(marian_dir).convert(output_dir, force=True)
+    vmap = None
+    if vocabulary_map:
+        vmap = Path(marian_dir).parent / "vmap.txt"
+        vmap.write_text("\t" + " ".join(f"t{i}" if i != EOS else "</s>" for i in vocabulary_map) + "\n")
+    NoTokenizerConverter(marian_dir).convert(output_dir, vmap=vmap and str(vmap), force=True)
     try:
         translator = ctranslate2.Translator(
             output_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
@@ -307,11 +328,16 @@ def ct2_serve(connection, marian_dir: str, vocab: int, compute_type: str, thread
         return
     connection.send("ready")
     while (request := connection.recv()) is not None:
-        rows, beams, length = request
+        rows, beams, length, use_vmap = request
         batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in rows]
         start = time.perf_counter()
         results = translator.translate_batch(
-            batch, beam_size=beams, min_decoding_length=length, max_decoding_length=length, length_penalty=1.0
+            batch,
+            beam_size=beams,
+            min_decoding_length=length,
+            max_decoding_length=length,
+            length_penalty=1.0,
+            use_vmap=use_vmap,
         )
         seconds = time.perf_counter() - start
         ids = [[EOS if token == "</s>" else int(token[1:]) for token in result.hypotheses[0]] for result in results]
@@ -321,13 +347,17 @@ def ct2_serve(connection, marian_dir: str, vocab: int, compute_type: str, thread
 class CTranslate2Process:
     """Client of `ct2_serve`; `available` is False (the reason printed) when CTranslate2 cannot run here."""
 
-    def __init__(self, marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path) -> None:
+    def __init__(
+        self, marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path, vocabulary_map: list[int]
+    ) -> None:
         marian.save_pretrained(workdir / "marian")
         compute_type = "int8" if args.int8 else {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(
-            target=ct2_serve, args=(child, str(workdir / "marian"), vocab, compute_type, args.threads), daemon=True
+            target=ct2_serve,
+            args=(child, str(workdir / "marian"), vocab, compute_type, args.threads, vocabulary_map),
+            daemon=True,
         )
         self.process.start()
         status = self.connection.recv()
@@ -335,9 +365,11 @@ class CTranslate2Process:
         if not self.available:
             print(f"CTranslate2: skipped ({status})")
 
-    def decode(self, source: torch.Tensor, beams: int, length: int) -> tuple[float, list[list[int]]]:
+    def decode(
+        self, source: torch.Tensor, beams: int, length: int, use_vmap: bool = False
+    ) -> tuple[float, list[list[int]]]:
         """Output tokens/s and the best hypotheses' ids, checked to have `length` tokens each."""
-        self.connection.send((source.tolist(), beams, length))
+        self.connection.send((source.tolist(), beams, length, use_vmap))
         seconds, ids = self.connection.recv()
         if {len(row) for row in ids} != {length}:
             raise RuntimeError(f"CTranslate2 generated {sorted({len(row) for row in ids})} tokens instead of {length}")
@@ -375,14 +407,22 @@ def write_outputs(results: dict, meta: dict, output_dir: Path) -> str:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "benchmark.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     systems = list(next(iter(results.values())))
-    ratios = [other for other in ("MarianMT", "CTranslate2") if other in systems]
-    header = ["metric", *systems, *(f"hf_vaswani / {other}" for other in ratios)]
+    pairs = [
+        ("hf_vaswani", "MarianMT"),
+        ("hf_vaswani", "CTranslate2"),
+        ("hf_vaswani", TRANSFORMERS_LOOP),
+        (WITH_SHORTLIST, "hf_vaswani"),
+        (WITH_SHORTLIST, CT2_WITH_MAP),
+        (CT2_WITH_MAP, "CTranslate2"),
+    ]
+    ratios = [(ours, other) for ours, other in pairs if ours in systems and other in systems]
+    header = ["metric", *systems, *(f"{ours} / {other}" for ours, other in ratios)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for metric, values in results.items():
         cells = [metric, *(f"{values[s]:.1f}" if values[s] is not None else "n/a" for s in systems)]
-        for other in ratios:
-            ours, theirs = values["hf_vaswani"], values[other]
-            cells.append(f"{ours / theirs:.2f}" if ours is not None and theirs else "n/a")
+        for ours, other in ratios:
+            numerator, denominator = values[ours], values[other]
+            cells.append(f"{numerator / denominator:.2f}" if numerator is not None and denominator else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     settings = ", ".join(f"{key}={value}" for key, value in meta.items())
     table = "\n".join(lines)
@@ -400,7 +440,7 @@ def plot(results: dict, path: Path) -> None:
     figure, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.5))
     for axis, (metric, values) in zip(axes if len(results) > 1 else [axes], results.items(), strict=True):
         names = [name for name, value in values.items() if value is not None]
-        axis.bar(names, [values[name] for name in names], color=["C0", "C1", "C2"][: len(names)])
+        axis.bar(names, [values[name] for name in names], color=[f"C{i}" for i in range(len(names))])
         axis.set_title(metric, fontsize=9)
         axis.tick_params(axis="x", labelsize=8)
     figure.tight_layout()
@@ -444,10 +484,13 @@ def main() -> None:
     }
     decode_source = random_source(args.decode_batch_size, args.source_length, vocab, generator)
 
+    listed = []  # the shortlist's tokens, </s> among them
+    if args.shortlist_size:
+        listed = sorted({EOS, *torch.randperm(vocab, generator=generator)[: args.shortlist_size].tolist()})
     translator = None
     if not args.no_ct2:
         with tempfile.TemporaryDirectory() as workdir:
-            translator = CTranslate2Process(marian, vocab, args, Path(workdir))
+            translator = CTranslate2Process(marian, vocab, args, Path(workdir), listed)
         translator = translator if translator.available else None
     print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
 
@@ -469,7 +512,14 @@ def main() -> None:
     decode_models = train_models
     if args.int8:
         decode_models = {name: quantize_int8(model) for name, model in train_models.items()}  # the same for both
-    extras = {"hf_vaswani": {"max_new_tokens_over_source": None, "length_penalty_type": "power"}, "MarianMT": {}}
+    ours = {"max_new_tokens_over_source": None, "length_penalty_type": "power"}
+    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: ours | {"decoding_loop": "transformers"}}
+    decode_models = {**decode_models, TRANSFORMERS_LOOP: decode_models["hf_vaswani"]}
+    if listed:
+        decode_models[WITH_SHORTLIST] = decode_models["hf_vaswani"]
+        decode_models[WITH_SHORTLIST].shortlist = Shortlist(torch.tensor(listed), torch.full((vocab, 1), -1))
+        extras[WITH_SHORTLIST] = ours | {"use_shortlist": True}
+    ct2_systems = {"CTranslate2": False, **({CT2_WITH_MAP: True} if listed else {})} if translator else {}
     greedy_agreement(decode_models, translator, decode_source, args.output_length, extras)
     # hf_vaswani decodes as `translate` does, its decoding weights packed once for the loop of generate calls (as
     # CTranslate2 holds its converted model); that one packing is timed apart
@@ -481,7 +531,7 @@ def main() -> None:
     decoding: dict[str, dict[str, list[float]]] = {}
     for beams in (1, args.beam_size):
         label = "greedy" if beams == 1 else f"beam-{beams}"
-        decoding[label] = {name: [] for name in [*decode_models, *(["CTranslate2"] if translator else [])]}
+        decoding[label] = {name: [] for name in [*decode_models, *ct2_systems]}
         for name, model in decode_models.items():  # untimed warm-up
             generate_run(model, decode_source[:1], beams, 2, args.dtype, **extras[name])
         if translator is not None:
@@ -491,15 +541,15 @@ def main() -> None:
                 value = generate_run(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
-            if translator is not None:
-                value = translator.decode(decode_source, beams, args.output_length)[0]
-                decoding[label]["CTranslate2"].append(value)
-                print(f"{label:7s} repeat {repeat} {'CTranslate2':12s} {value:9.1f} tok/s")
+            for name, use_vmap in ct2_systems.items():
+                value = translator.decode(decode_source, beams, args.output_length, use_vmap)[0]
+                decoding[label][name].append(value)
+                print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
 
     packing.close()
     if translator is not None:
         translator.close()
-    systems = ["hf_vaswani", "MarianMT", *(["CTranslate2"] if translator else [])]
+    systems = [*decode_models, *ct2_systems]
 
     def medians(values: dict[str, list[float]]) -> dict[str, float | None]:
         return {s: statistics.median(values[s]) if values.get(s) else None for s in systems}

@@ -16,6 +16,7 @@ import hf_vaswani.cli
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import build_parser, main, settings_from_args
 from hf_vaswani.settings import RecipeSettings, setting_flag
+from hf_vaswani.shortlist import SHORTLIST_PER_SOURCE, Shortlist
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -29,7 +30,8 @@ def test_train_from_local_files(tmp_path) -> None:
     # d_ff again, twice: the last value wins; label smoothing is a training setting, not the model's
     schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3)
     overrides = ["--model-override", "d_ff=48", "--model-override", "d_ff=64"]
-    main(["train", *local_files_arguments(tmp_path), *schedule, *overrides, "--label-smoothing", "0.2"])
+    options = [*overrides, "--label-smoothing", "0.2", "--build-shortlist"]
+    main(["train", *local_files_arguments(tmp_path), *schedule, *options])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert results["settings"]["label_smoothing"] == 0.2
@@ -40,6 +42,8 @@ def test_train_from_local_files(tmp_path) -> None:
     decoding = json.loads((tmp_path / "run" / "model" / "generation_config.json").read_text())
     # --num-beams on top of the paper's decoding, which stays as it was
     assert (decoding["num_beams"], decoding["length_penalty"], decoding["max_new_tokens_over_source"]) == (2, 0.6, 50)
+    shortlist = Shortlist.load(tmp_path / "run" / "model", config["vocab_size"])  # from the training corpus
+    assert shortlist.candidates.shape == (config["vocab_size"], SHORTLIST_PER_SOURCE)
 
 
 @pytest.mark.parametrize(

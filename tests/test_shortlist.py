@@ -13,7 +13,13 @@ from hf_vaswani import kernelize
 from hf_vaswani.cli import main
 from hf_vaswani.loading import load_model_folder
 from hf_vaswani.quantization import quantize_int8
-from hf_vaswani.shortlist import SHORTLIST_FILE, Shortlist, build_shortlist, write_ctranslate2_vocabulary_map
+from hf_vaswani.shortlist import (
+    SHORTLIST_FILE,
+    Shortlist,
+    build_shortlist,
+    shortlist_of_corpus,
+    write_ctranslate2_vocabulary_map,
+)
 
 CORPUS = [  # (source ids, target ids): token 9 is in every target, 4 -> 7 always, 5 -> 8 mostly
     ([4, 5], [7, 8, 9]),
@@ -22,6 +28,11 @@ CORPUS = [  # (source ids, target ids): token 9 is in every target, 4 -> 7 alway
     ([6], [6, 9]),
     ([5], [7, 9]),
 ]
+
+
+def strip_padding(row: list[int]) -> list[int]:
+    """A generated row up to its </s> (included)."""
+    return row[: row.index(2) + 1] if 2 in row else row
 
 
 def dice_by_hand(corpus, source: int, target: int) -> float:
@@ -166,3 +177,36 @@ def test_use_shortlist_is_refused_where_it_cannot_apply() -> None:
         model.generate(source, use_shortlist=True, do_sample=True)
     with pytest.raises(ValueError, match="use_shortlist must be True or False"):
         model.generate(source, use_shortlist="yes")
+
+
+def test_ctranslate2_with_the_exported_vocabulary_map_decodes_as_ours_with_the_shortlist(tmp_path, trained_folder):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from hf_vaswani.export import export_ctranslate2
+
+    model, tokenizer = load_model_folder(trained_folder)
+    sources, targets = map(list, zip(*capitalised_pairs(400, seed=0), strict=True))
+    # targets paired with the wrong sources: the lists miss the right tokens, so that the list visibly decides
+    model.shortlist = shortlist_of_corpus(tokenizer, sources, targets[1:] + targets[:1], len(tokenizer), 2, 0)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model.shortlist.save(folder)
+    exported = export_ctranslate2(folder, tmp_path / "ct2")
+    assert (exported / "vmap.txt").is_file()
+    translator = ctranslate2.Translator(str(exported), intra_threads=1)
+    for sentence in PROBE_SENTENCES[:8]:  # one at a time: CTranslate2 lists per batch as we do
+        source = tokenizer([sentence], return_tensors="pt")
+        outputs = {}
+        for use_vmap in (True, False):
+            ours = model.generate(**source, num_beams=1, use_shortlist=use_vmap, max_new_tokens=12)
+            results = translator.translate_batch(
+                [tokenizer.convert_ids_to_tokens(source["input_ids"][0])],
+                beam_size=1,
+                max_decoding_length=12,
+                min_decoding_length=0,  # CTranslate2's default 1 bars an empty translation; generate has no minimum
+                return_end_token=True,
+                use_vmap=use_vmap,
+            )
+            outputs[use_vmap] = strip_padding(ours[0, 1:].tolist())
+            assert tokenizer.convert_tokens_to_ids(results[0].hypotheses[0]) == outputs[use_vmap], (sentence, use_vmap)
+        assert outputs[True] != outputs[False], "the list changed nothing: the test would prove nothing"
