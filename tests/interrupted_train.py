@@ -10,6 +10,8 @@ STOP (the run then waits, holding its folder, until it is killed).
 import os
 import signal
 import sys
+import threading
+import time
 
 import torch
 from transformers import TrainerCallback
@@ -22,9 +24,13 @@ phase, signal_name, options = sys.argv[1], sys.argv[2], sys.argv[3:]
 
 
 def interrupt() -> None:
-    os.kill(os.getpid(), getattr(signal, "SIG" + signal_name))
-    # SIGINT raises KeyboardInterrupt at the next bytecode; SIGKILL never returns
-    signal.pause()
+    # To the main thread, as Ctrl-C on a terminal comes: a signal sent to the process may reach any of its threads
+    # (torch's among them), which would leave the main thread to run on.
+    signal.pthread_kill(threading.main_thread().ident, getattr(signal, "SIG" + signal_name))
+    # SIGINT raises KeyboardInterrupt in the main thread at its next bytecode, SIGKILL never returns, SIGSTOP returns
+    # only if the test lets the run go on: wait without a system call that a signal must interrupt
+    while True:
+        time.sleep(0.05)
 
 
 class InterruptAfterStep(TrainerCallback):
