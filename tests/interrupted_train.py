@@ -21,6 +21,9 @@ import hf_vaswani.recipe
 from hf_vaswani.cli import main
 
 phase, signal_name, options = sys.argv[1], sys.argv[2], sys.argv[3:]
+# Ctrl-C as on a terminal: a process started in the background of a non-interactive shell (as CI may start the suite)
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def interrupt() -> None:
