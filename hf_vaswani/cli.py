@@ -170,15 +170,18 @@ def generation_options(args: argparse.Namespace) -> dict:
         if (value := getattr(args, name)) is not None
     }
     check_generation_options(**options)
-    return options | ({"use_shortlist": True} if args.shortlist else {})
+    return options
 
 
-def check_shortlist_folder(model: str) -> None:
-    """--shortlist needs a local model folder holding a shortlist (checked before the model is loaded)."""
+def shortlist_options(args: argparse.Namespace) -> dict:
+    """The `generate` option of --shortlist, its model folder checked to hold a shortlist before the model is loaded."""
     from .shortlist import SHORTLIST_FILE
 
-    if not (Path(model) / SHORTLIST_FILE).is_file():
-        raise ValueError(f"--shortlist: {model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
+    if not args.shortlist:
+        return {}
+    if not (Path(args.model) / SHORTLIST_FILE).is_file():
+        raise ValueError(f"--shortlist: {args.model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
+    return {"use_shortlist": True}
 
 
 def command_shortlist(args: argparse.Namespace) -> None:
@@ -224,9 +227,7 @@ def command_translate(args: argparse.Namespace) -> None:
     if args.output:
         check_output_file(args.output, "--output")
     check_batch_size(args.batch_size)
-    options = generation_options(args)
-    if args.shortlist:
-        check_shortlist_folder(args.model)
+    options = generation_options(args) | shortlist_options(args)
     if args.nbest is not None:
         check_nbest(args.nbest, options.get("num_beams"))
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
@@ -289,11 +290,9 @@ def command_evaluate(args: argparse.Namespace) -> None:
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
     check_batch_size(args.batch_size)
-    if args.shortlist:
-        check_shortlist_folder(args.model)
+    options = shortlist_options(args)
     test = load_parallel_files(args.source, args.reference)
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
-    options = {"use_shortlist": True} if args.shortlist else {}
     hypotheses, report = translate_and_score(
         model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size, **options
     )

@@ -324,6 +324,7 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
     improvable = torch.ones((sentences, 1), dtype=torch.bool, device=device)
     first_beams = torch.arange(keep, device=device) < beams
     row_offsets = torch.arange(sentences, device=device)[:, None] * beams
+    candidates = torch.arange(keep, device=device).expand(sentences, keep)
     history: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per step: tokens, parents, continued
     all_scores = []
     while True:
@@ -354,13 +355,12 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
         penalized += (~improvable).to(torch.float32) * -1.0e9
         just_finished = ends & first_beams[None, :]
         penalized += (~just_finished) * -1.0e9
-        merged = torch.topk(torch.cat((finished_scores, penalized), dim=1), k=beams)[1]
-        finished_scores = torch.cat((finished_scores, penalized), dim=1).gather(1, merged)
-        finished = torch.cat((finished, just_finished), dim=1).gather(1, merged)
-        steps = torch.full_like(candidate_tokens, len(history))
-        finished_step = torch.cat((finished_step, steps), dim=1).gather(1, merged)
-        candidates = torch.arange(keep, device=device).expand(sentences, keep)
-        finished_candidate = torch.cat((finished_candidate, candidates), dim=1).gather(1, merged)
+        merged_scores = torch.cat((finished_scores, penalized), dim=1)
+        merged = torch.topk(merged_scores, k=beams)[1]
+        finished_scores = merged_scores.gather(1, merged)
+        finished = picked(finished, just_finished, merged)
+        finished_step = picked(finished_step, torch.full_like(candidate_tokens, len(history)), merged)
+        finished_candidate = picked(finished_candidate, candidates, merged)
         history.append((candidate_tokens, candidate_parents, continued))
 
         continued_rows = candidate_parents.gather(1, continued) + row_offsets
@@ -390,6 +390,11 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
         beam_indices=beam_indices,
         cache=decoder.cache,
     )
+
+
+def picked(kept: torch.Tensor, new: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Of `kept` (sentences x k) and `new` (sentences x 2k) side by side, the `columns` of each row."""
+    return torch.cat((kept, new), dim=1).gather(1, columns)
 
 
 def vocabulary_ids(request: Request, columns: torch.Tensor) -> torch.Tensor:

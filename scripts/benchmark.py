@@ -314,10 +314,14 @@ def ct2_serve(
             return SimpleNamespace(get_vocab=lambda: tokens, eos_token="</s>", unk_token="<unk>")
 
     output_dir = str(Path(marian_dir).parent / "ct2")
+
+    def token(i: int) -> str:
+        return "</s>" if i == EOS else f"t{i}"
+
     vmap = None
-    if vocabulary_map:
+    if vocabulary_map:  # hf_vaswani.shortlist's writer would import torch into this process: written here
         vmap = Path(marian_dir).parent / "vmap.txt"
-        vmap.write_text("\t" + " ".join(f"t{i}" if i != EOS else "</s>" for i in vocabulary_map) + "\n")
+        vmap.write_text("\t" + " ".join(map(token, vocabulary_map)) + "\n")
     NoTokenizerConverter(marian_dir).convert(output_dir, vmap=vmap and str(vmap), force=True)
     try:
         translator = ctranslate2.Translator(
@@ -329,7 +333,7 @@ def ct2_serve(
     connection.send("ready")
     while (request := connection.recv()) is not None:
         rows, beams, length, use_vmap = request
-        batch = [[f"t{i}" if i != EOS else "</s>" for i in row] for row in rows]
+        batch = [[token(i) for i in row] for row in rows]
         start = time.perf_counter()
         results = translator.translate_batch(
             batch,
