@@ -5,6 +5,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+import torch
 from transformers import GenerationConfig
 
 from .configuration_vaswani import VaswaniConfig
@@ -20,6 +21,11 @@ def cpu_model_name() -> str:
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     return platform.processor() or platform.machine()
+
+
+def gpu_name(device: torch.device) -> str | None:
+    """The GPU's name where `device` is one (a run's scores then follow its kernels), else None."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def write_model_card(
@@ -66,8 +72,9 @@ def write_model_card(
         bleu_signature=results["bleu_signature"],
         example_source=example_source.replace('"', '\\"'),
         measured_on=(
-            f"Measured with `{results['command']}` on {results['cpu']} (a seeded run's scores differ slightly between "
-            "CPU models)."
+            f"Measured with `{results['command']}` on "
+            f"{results['gpu'] + ' beside ' if results.get('gpu') else ''}{results['cpu']} (a seeded run's scores "
+            "differ slightly between processor models)."
             if "cpu" in results
             else ""
         ),

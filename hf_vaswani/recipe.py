@@ -30,7 +30,7 @@ from .checkpoints import TRAINER_STATE, newest_complete_checkpoint, training_end
 from .cpu_kernels import kernelize
 from .files import replace_folder, write_text
 from .generation_vaswani import paper_generation_config
-from .model_card import cpu_model_name, write_model_card
+from .model_card import cpu_model_name, gpu_name, write_model_card
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .plots import plot_training_curves
 from .precision import training_precision
@@ -251,6 +251,7 @@ def train_and_write(
         "settings": asdict(settings),
         # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one
         "cpu": cpu_model_name(),
+        "gpu": gpu_name(trainer.args.device),
         "command": command,
         # what the settings left to the preset and the paper, as the saved config and generation config hold it
         "label_smoothing": settings.label_smoothing,

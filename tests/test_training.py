@@ -376,6 +376,7 @@ def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
     cpu_lines = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
     if cpu_lines:
         assert results["cpu"] == cpu_lines[0].partition(":")[2].strip() and results["cpu"] in card
+    assert results["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     assert card.startswith("---\n") and f"value: {results['bleu']}" in card and "$" not in card.split("---")[1]
     assert "| BPE-dropout in training | none | 0.1 |" in card
     assert "| dropout P_drop / label smoothing | 0.1 / 0.1 | 0.1 / 0.1 |" in card  # §5.4's, a training setting
