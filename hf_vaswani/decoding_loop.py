@@ -96,8 +96,7 @@ def generate(model: VaswaniForConditionalGeneration, generate_of_transformers, *
     else by `generate_of_transformers`."""
     inputs = kwargs.pop("inputs", args[0] if args else None)
     generation_config = kwargs.pop("generation_config", args[1] if len(args) > 1 else None)
-    if len(args) > 2:
-        return generate_of_transformers(*args, **kwargs)
+    positional = args[2:]  # refused by the model's generate, which takes no more by position: its TypeError
     config = generation_config if generation_config is not None else model.generation_config
     loop = kwargs.pop("decoding_loop", getattr(config, "decoding_loop", None) or "auto")
     if loop not in DECODING_LOOPS:
@@ -109,7 +108,7 @@ def generate(model: VaswaniForConditionalGeneration, generate_of_transformers, *
         raise ValueError("use_shortlist=True, but the model has no shortlist (see `vaswani shortlist`)")
     if use_shortlist and loop == "transformers":
         raise ValueError("use_shortlist=True needs the package's decoding loop, not decoding_loop='transformers'")
-    if loop != "transformers":
+    if loop != "transformers" and not positional:
         request = covered_request(model, inputs, generation_config, kwargs)
         if isinstance(request, Request):
             if use_shortlist:
@@ -120,7 +119,7 @@ def generate(model: VaswaniForConditionalGeneration, generate_of_transformers, *
         if loop == "package" or use_shortlist:
             asked = "decoding_loop='package'" if loop == "package" else "use_shortlist=True"
             raise ValueError(f"{asked}: the package's decoding loop does not cover this call: {request}")
-    return generate_of_transformers(inputs, generation_config, **kwargs)
+    return generate_of_transformers(inputs, generation_config, *positional, **kwargs)
 
 
 def covered_request(

@@ -7,7 +7,7 @@ from tiny import PROBE_SENTENCES, TINY_MODEL, UNEVEN_MODEL, random_model
 from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_vaswani import kernelize
-from hf_vaswani.decoding_loop import INACTIVE_VALUES, READ_SETTINGS, UNREAD_SETTINGS
+from hf_vaswani.decoding_loop import DECODING_LOOPS, INACTIVE_VALUES, READ_SETTINGS, UNREAD_SETTINGS
 from hf_vaswani.generation_vaswani import paper_generation_config
 from hf_vaswani.loading import load_model_folder
 
@@ -163,6 +163,11 @@ def test_calls_it_does_not_cover_go_to_transformers_loop(monkeypatch) -> None:
         torch.manual_seed(0)
         theirs = model.generate(source, max_new_tokens=4, decoding_loop="transformers", **call)
         assert torch.equal(getattr(auto, "sequences", auto), getattr(theirs, "sequences", theirs)), reason
+    # more than inputs and generation_config by position: the same refusal as the model's own generate
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.5)])
+    for loop in DECODING_LOOPS:
+        with pytest.raises(TypeError, match="generate\\(\\) takes from 1 to 3 positional arguments but 4"):
+            model.generate(source, None, processors, max_new_tokens=4, decoding_loop=loop)
 
 
 def test_the_loop_is_chosen_by_argument_or_generation_config(monkeypatch) -> None:
