@@ -61,6 +61,9 @@ class VaswaniConfig(PreTrainedConfig):
             counted from pad_token_id + 1.
         max_position_embeddings: number of learned positions; unused by sinusoidal encodings.
         layer_norm_eps: epsilon of every LayerNorm.
+        initialization: "tensor2tensor" (the reference code's, as the paper trained) or "fairseq" (fairseq's
+            transformer: xavier-uniform projections, q/k/v at gain 1/sqrt(2), zero padding embedding), for
+            reproducing results trained with fairseq.
         share_embeddings: one embedding matrix for source and target tokens (§3.4).
         source_vocab_size: size of a separate source vocabulary (share_embeddings=False); defaults to vocab_size.
         tie_word_embeddings: the pre-softmax projection shares the target embedding matrix (§3.4).
@@ -91,6 +94,7 @@ class VaswaniConfig(PreTrainedConfig):
     positional_encoding: Literal["sinusoidal", "learned", "fairseq_sinusoidal"] | str = "sinusoidal"
     max_position_embeddings: int = 1024
     layer_norm_eps: float = 1e-6
+    initialization: Literal["tensor2tensor", "fairseq"] | str = "tensor2tensor"
     share_embeddings: bool = True
     source_vocab_size: int | None = None
     tie_word_embeddings: bool = True
@@ -196,6 +200,8 @@ class VaswaniConfig(PreTrainedConfig):
                 f"source_vocab_size ({self.source_vocab_size}) must equal vocab_size ({self.vocab_size}) when "
                 "share_embeddings is True"
             )
+        if self.initialization not in ("tensor2tensor", "fairseq"):
+            raise ValueError(f"initialization must be 'tensor2tensor' or 'fairseq', got {self.initialization!r}")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):

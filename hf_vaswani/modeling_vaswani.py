@@ -309,17 +309,35 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Reference-code (tensor2tensor) init: uniform unit scaling for projections, N(0, d_model^-0.5) embeddings."""
-        if isinstance(module, nn.Linear):
-            bound = math.sqrt(3.0 / module.in_features)  # variance 1 / fan_in
-            init.uniform_(module.weight, -bound, bound)
+        """Reference-code (tensor2tensor) init: uniform unit scaling for projections, N(0, d_model^-0.5) embeddings.
+        `initialization="fairseq"`: fairseq's transformer instead (xavier-uniform projections; in attention, q/k/v at
+        gain 1/sqrt(2) with nn.Linear's default biases; the padding embedding zero)."""
+        fairseq = self.config.initialization == "fairseq"
+        if isinstance(module, nn.Linear) and fairseq and module in self.attention_inputs():
+            init.xavier_uniform_(module.weight, gain=0.5**0.5)
+            bound = module.in_features**-0.5  # nn.Linear's default bias
+            init.uniform_(module.bias, -bound, bound)
+        elif isinstance(module, nn.Linear):
+            if fairseq:
+                init.xavier_uniform_(module.weight)
+            else:
+                bound = math.sqrt(3.0 / module.in_features)  # variance 1 / fan_in
+                init.uniform_(module.weight, -bound, bound)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            tokens = not isinstance(module, VaswaniLearnedPositionalEmbedding)
+            if fairseq and tokens and self.config.pad_token_id is not None:
+                module.weight[self.config.pad_token_id] = 0.0
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+
+    def attention_inputs(self) -> list[nn.Linear]:
+        """The query, key and value projections of every attention layer."""
+        layers = [module for module in self.modules() if isinstance(module, VaswaniMultiHeadAttention)]
+        return [projection for layer in layers for projection in (layer.q_proj, layer.k_proj, layer.v_proj)]
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         # transformers applies `_tied_weights_keys` only under config.tie_word_embeddings, but sharing the source and

@@ -32,6 +32,7 @@ from hf_vaswani.configuration_vaswani import RETIRED_KEYS
         (dict(activation_dropout=-0.5), "activation_dropout"),
         (dict(label_smoothing=1.0), "label_smoothing"),
         (dict(positional_encoding="rotary"), "positional_encoding"),
+        (dict(initialization="xavier"), "initialization"),
         (dict(pad_token_id=37000), "pad_token_id"),
         (dict(bos_token_id=-1), "bos_token_id"),
         (dict(eos_token_id=50000), "eos_token_id"),

@@ -694,6 +694,43 @@ def test_initialisation_is_the_reference_codes() -> None:
     assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
 
 
+def test_fairseq_initialisation_is_fairseqs(tmp_path) -> None:
+    """fairseq's transformer: xavier-uniform weights, U(+-gain sqrt(6 / (fan_in + fan_out))), gain 1/sqrt(2) for q/k/v
+    whose biases keep nn.Linear's U(+-1/sqrt(fan_in)), zero biases elsewhere, the padding embedding zero; a loaded
+    padding row stays as saved."""
+    torch.manual_seed(0)
+    config = VaswaniConfig(
+        vocab_size=3000, d_model=256, d_ff=1024, num_heads=4, encoder_layers=1, decoder_layers=1,
+        initialization="fairseq", pad_token_id=3,
+    )  # fmt: skip
+    model = VaswaniForConditionalGeneration(config)
+    layer = model.model.decoder.layers[0]
+
+    def xavier_bound(linear: nn.Linear, gain: float = 1.0) -> float:
+        return gain * math.sqrt(6 / (linear.in_features + linear.out_features))
+
+    for attention in (layer.self_attention, layer.cross_attention, model.model.encoder.layers[0].self_attention):
+        for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
+            bound = xavier_bound(linear, 0.5**0.5)
+            assert bound * 0.99 < linear.weight.abs().max().item() <= bound
+            assert linear.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.03)
+            assert 0.9 / 16 < linear.bias.abs().max().item() <= 1 / 16  # 1 / sqrt(256)
+    for linear in (layer.self_attention.out_proj, layer.feed_forward.fc1, layer.feed_forward.fc2):
+        assert xavier_bound(linear) * 0.99 < linear.weight.abs().max().item() <= xavier_bound(linear)
+        assert torch.count_nonzero(linear.bias) == 0
+    embedding = model.get_input_embeddings().weight
+    assert torch.count_nonzero(embedding[3]) == 0 and torch.count_nonzero(embedding[4]) == 256
+    assert embedding.std().item() == pytest.approx(256**-0.5, rel=0.02)
+    assert model.lm_head.weight.data_ptr() == embedding.data_ptr()
+
+    with torch.no_grad():
+        embedding[3] = 1.0
+    model.save_pretrained(tmp_path)
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.all(loaded.get_input_embeddings().weight[3] == 1.0)
+    assert loaded.config.initialization == "fairseq"
+
+
 def test_a_saved_config_with_label_smoothing_loads_and_keeps_it(tmp_path) -> None:
     """Folders saved when 0.1 was the config's default still load, their loss smoothed as their config says."""
     make_model(**TINY_MODEL).save_pretrained(tmp_path)
