@@ -9,6 +9,7 @@ from typing import Any
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_vaswani import VaswaniConfig
+from .tokenization import BPE_KINDS
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
@@ -51,6 +52,15 @@ class RecipeSettings:
         },
     )
     vocab_size: int = field(default=37000, metadata={"help": "size of the shared BPE vocabulary trained (§5.1)"})
+    bpe: str = field(
+        default="byte_level",
+        metadata={
+            "help": "the BPE trained: byte_level, GPT-2's, which encodes any text and decodes it exactly; or "
+            "subword_nmt, Sennrich et al.'s on whitespace-separated words with an end-of-word mark, as fairseq-era "
+            "recipes prepared tokenized text (unseen characters become <unk>, words are joined by single spaces)",
+            "choices": BPE_KINDS,
+        },
+    )
     label_smoothing: float = field(
         default=0.1,
         metadata={
@@ -227,6 +237,7 @@ class RecipeSettings:
         for name, choices in (
             ("length_penalty_type", (None, *LENGTH_PENALTY_TYPES)),
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
+            ("bpe", BPE_KINDS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{setting_flag(name)} must be one of {choices}, got {getattr(self, name)!r}")

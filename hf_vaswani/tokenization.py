@@ -13,6 +13,10 @@ Design choices, and why:
   Moses-tokenized text instead and needed detokenization afterwards; byte-level BPE needs neither.
 * No prefix space is added, so a word at the very start of a text is a different token from the same word after a
   space (`"Haus"` vs `" Haus"`); the price of exact round trips, and standard for byte-level BPE.
+* `kind="subword_nmt"` learns BPE as Sennrich et al. (2016) and their subword-nmt did, for recipes of that era
+  (fairseq's Multi30k and WMT runs): on the characters of whitespace-separated words, each word's last symbol marked as
+  its end (`</w>`), so a word is the same tokens wherever it stands. Characters unseen in training encode as `<unk>`,
+  and decoding joins the words with single spaces: for text already tokenized and normalised, as those recipes were.
 * Special tokens take fixed ids, those the model config defaults to: `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3.
 * Every encoding, source (`tokenizer(text)`) or target (`tokenizer(text_target=...)`), ends with `</s>` and has no
   `<s>`: the decoder is started with `<s>` (`decoder_start_token_id`), the labels end with `</s>`. The template lives
@@ -37,6 +41,7 @@ PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
 UNK_TOKEN = "<unk>"
+END_OF_WORD = "</w>"  # subword-nmt's mark on the last symbol of a word
 # Order matters: BpeTrainer gives special tokens the first ids in list order, which must match VaswaniConfig's
 # pad/bos/eos defaults (0, 1, 2).
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -49,9 +54,11 @@ MODEL_MAX_LENGTH = 1_000_000
 # Smallest vocabulary that still holds every byte plus the special tokens; below it BPE could not encode
 # arbitrary text without <unk>.
 MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
+BPE_KINDS = ("byte_level", "subword_nmt")
 
 __all__ = [
     "BOS_TOKEN",
+    "BPE_KINDS",
     "EOS_TOKEN",
     "MIN_VOCAB_SIZE",
     "PAD_TOKEN",
@@ -64,32 +71,50 @@ __all__ = [
 ]
 
 
-def _check_training_arguments(vocab_size: int, min_frequency: int) -> None:
-    if vocab_size < MIN_VOCAB_SIZE:
+def _check_training_arguments(vocab_size: int, min_frequency: int, kind: str) -> None:
+    if kind not in BPE_KINDS:
+        raise ValueError(f"kind must be one of {BPE_KINDS}, got {kind!r}")
+    if kind == "byte_level" and vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs the {MIN_VOCAB_SIZE - len(SPECIAL_TOKENS)} "
             f"byte symbols plus {len(SPECIAL_TOKENS)} special tokens, i.e. vocab_size >= {MIN_VOCAB_SIZE}"
         )
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
 
 
-def _train(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int) -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE on `texts` (strings or batches of strings) and wrap it for transformers."""
-    _check_training_arguments(vocab_size, min_frequency)
-
-    # unk_token is set for completeness only: with the full byte alphabet in the vocabulary it is never produced.
-    backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
+def _untrained(kind: str, vocab_size: int, min_frequency: int) -> tuple[Tokenizer, trainers.BpeTrainer]:
+    """The empty BPE of `kind`, with the trainer that learns it."""
+    if kind == "byte_level":
+        # unk_token is set for completeness only: with the full byte alphabet in the vocabulary it is never produced.
+        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.decoder = decoders.ByteLevel()
+        # Seed with all 256 bytes, not just those seen in training, so unseen characters stay encodable.
+        kind_options = {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()}
+    else:
+        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN, end_of_word_suffix=END_OF_WORD))
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        backend.decoder = decoders.BPEDecoder(suffix=END_OF_WORD)
+        kind_options = {"end_of_word_suffix": END_OF_WORD}
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
-        # Seed with all 256 bytes, not just those seen in training, so unseen characters stay encodable.
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
+        **kind_options,
     )
+    return backend, trainer
+
+
+def _train(
+    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int, kind: str
+) -> PreTrainedTokenizerFast:
+    """Train the BPE of `kind` on `texts` (strings or batches of strings) and wrap it for transformers."""
+    _check_training_arguments(vocab_size, min_frequency, kind)
+    backend, trainer = _untrained(kind, vocab_size, min_frequency)
     backend.train_from_iterator(texts, trainer=trainer)
 
     for token, expected_id in SPECIAL_TOKEN_IDS.items():
@@ -123,15 +148,20 @@ def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
     )
 
 
-def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
-    """Learn one byte-level BPE vocabulary on source and target text together (the paper's shared vocabulary).
+def train_shared_bpe(
+    texts: Iterable[str], vocab_size: int = 37000, min_frequency: int = 2, kind: str = "byte_level"
+) -> PreTrainedTokenizerFast:
+    """Learn one BPE vocabulary on source and target text together (the paper's shared vocabulary).
 
     Args:
         texts: training sentences, source and target sides mixed (e.g. `chain(sources, targets)`); any iterable,
             consumed once.
-        vocab_size: upper bound on the final vocabulary, special tokens and the 256 byte symbols included, so it must
-            be at least `MIN_VOCAB_SIZE` (260). The result can be smaller when the corpus has too few frequent pairs.
+        vocab_size: size of the final vocabulary, special tokens and the symbols merges start from included: for
+            byte_level the 256 bytes, so at least `MIN_VOCAB_SIZE` (260); for subword_nmt every character seen, plain
+            and word-final. The result can be smaller when the corpus has too few frequent pairs (or, for
+            subword_nmt, larger when its characters alone outnumber `vocab_size`).
         min_frequency: a pair must occur at least this often to be merged.
+        kind: byte_level (GPT-2's) or subword_nmt (Sennrich et al.'s); see the module's notes.
 
     Returns:
         A fast tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every encoding, source
@@ -139,11 +169,12 @@ def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, min_frequenc
         name for `PreTrainedTokenizerFast`), which `AutoTokenizer.from_pretrained` loads back unchanged.
 
     Raises:
-        ValueError: if `vocab_size` < `MIN_VOCAB_SIZE`, `min_frequency` < 1, or `texts` is a single string.
+        ValueError: if `kind` is unknown, `vocab_size` too small for it, `min_frequency` < 1, or `texts` a single
+            string.
     """
     if isinstance(texts, str):  # iterating a str would train on its characters one by one
         raise ValueError("texts must be an iterable of strings, not a single string")
-    return _train(texts, vocab_size, min_frequency)
+    return _train(texts, vocab_size, min_frequency, kind)
 
 
 def load_trained_bpe(folder: str | Path) -> PreTrainedTokenizerFast:
@@ -179,6 +210,7 @@ def train_shared_bpe_from_dataset(
     min_frequency: int = 2,
     columns: Sequence[str] = ("source", "target"),
     batch_size: int = 1000,
+    kind: str = "byte_level",
 ) -> PreTrainedTokenizerFast:
     """`train_shared_bpe` on the text columns of a `datasets.Dataset` (by default `source` and `target`).
 
@@ -194,5 +226,5 @@ def train_shared_bpe_from_dataset(
         raise ValueError(f"dataset has no column(s) {missing}; its columns are {dataset.column_names}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    _check_training_arguments(vocab_size, min_frequency)  # fail before iterating a possibly large dataset
-    return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency)
+    _check_training_arguments(vocab_size, min_frequency, kind)  # fail before iterating a possibly large dataset
+    return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency, kind)

@@ -30,11 +30,13 @@ def test_train_from_local_files(tmp_path) -> None:
     # d_ff again, twice: the last value wins; label smoothing is a training setting, not the model's
     schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3)
     overrides = ["--model-override", "d_ff=48", "--model-override", "d_ff=64"]
-    options = [*overrides, "--label-smoothing", "0.2", "--build-shortlist"]
+    options = [*overrides, "--label-smoothing", "0.2", "--build-shortlist", "--bpe", "subword_nmt"]
     main(["train", *local_files_arguments(tmp_path), *schedule, *options])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert results["settings"]["label_smoothing"] == 0.2
+    saved_bpe = json.loads((tmp_path / "run" / "model" / "tokenizer.json").read_text())["model"]
+    assert saved_bpe["end_of_word_suffix"] == "</w>"  # --bpe subword_nmt
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # every 2 steps, last 3
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())

@@ -412,6 +412,8 @@ def test_settings_of_the_published_recipe() -> None:
         RecipeSettings(early_stopping_metric="ppl")
     with pytest.raises(ValueError, match=r"--length-penalty-type must be one of \(None, 'gnmt', 'power'\)"):
         RecipeSettings(length_penalty_type="linear")
+    with pytest.raises(ValueError, match=r"--bpe must be one of \('byte_level', 'subword_nmt'\), got 'wordpiece'"):
+        RecipeSettings(bpe="wordpiece")
     for name in ("adam_epsilon", "max_grad_norm"):
         with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be positive and finite"):
             RecipeSettings(**{name: 0.0})
