@@ -51,7 +51,8 @@ def merges(tokenizer: PreTrainedTokenizerFast) -> list[tuple[str, str]]:
 
 def subword_nmt_words(tokens: list[str]) -> str:
     """Tokens in subword-nmt's notation: "@@" after each symbol that does not end a word."""
-    return " ".join(token.removesuffix(END_OF_WORD) if token.endswith(END_OF_WORD) else token + "@@" for token in tokens)
+    words = (token.removesuffix(END_OF_WORD) if token.endswith(END_OF_WORD) else token + "@@" for token in tokens)
+    return " ".join(words)
 
 
 def test_segmentation_is_subword_nmts_with_the_same_merges(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -96,7 +97,7 @@ def test_each_merge_is_a_most_frequent_pair(tokenizer: PreTrainedTokenizerFast) 
 
 def test_a_word_is_the_same_tokens_wherever_it_stands(tokenizer: PreTrainedTokenizerFast) -> None:
     alone = tokenizer.tokenize("ladder")
-    assert tokenizer.tokenize("ladder a man") [: len(alone)] == alone
+    assert tokenizer.tokenize("ladder a man")[: len(alone)] == alone
     assert tokenizer.tokenize("a man ladder")[-len(alone) :] == alone
 
 
