@@ -28,6 +28,12 @@ def gpu_name(device: torch.device) -> str | None:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
+def exponent(value: float) -> str:
+    """`value` as the paper writes such numbers: 1e-9, not Python's 1e-09."""
+    mantissa, _, power = f"{value:g}".partition("e")
+    return f"{mantissa}e{int(power)}" if power else mantissa
+
+
 def write_model_card(
     model_dir: Path,
     config: VaswaniConfig,
@@ -53,7 +59,8 @@ def write_model_card(
         ("shared BPE vocabulary", "~37000", str(config.vocab_size)),
         ("BPE-dropout in training", "none", str(settings.bpe_dropout or "none")),
         ("batch (tokens per side)", "~25000", f"{settings.max_tokens} x update_freq {settings.update_freq}"),
-        ("optimizer", "Adam(0.9, 0.98, 1e-9)", "Adam(0.9, 0.98, 1e-9)"),
+        ("optimizer", "Adam(0.9, 0.98, 1e-9)", f"Adam(0.9, 0.98, {exponent(settings.adam_epsilon)})"),
+        ("gradient clipping (norm)", "none", str(settings.max_grad_norm or "none")),
         ("warmup steps / training steps", "4000 / 100000", f"{settings.warmup_steps} / {results['steps']}"),
         ("checkpoints averaged", "last 5", f"last {settings.average_last}"),
         ("beam size / length penalty alpha", "4 / 0.6", f"{decoding.num_beams} / {decoding.length_penalty}"),

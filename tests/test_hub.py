@@ -165,6 +165,19 @@ def test_model_card_metadata_holds_the_measured_scores(publishable) -> None:
     metrics = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert metrics == {"bleu": 97.5, "chrf": 99.1}
     assert "| warmup steps / training steps | 4000 / 100000 | 4000 / 400 |" in card.text
+    assert "| optimizer | Adam(0.9, 0.98, 1e-9) | Adam(0.9, 0.98, 1e-9) |" in card.text
+
+
+def test_model_card_names_fairseqs_optimizer_settings_as_deviations(publishable) -> None:
+    model = VaswaniForConditionalGeneration.from_pretrained(publishable)
+    settings = RecipeSettings(adam_epsilon=1e-8, max_grad_norm=25.0)
+    results = {"bleu": 40.0, "chrf": 65.0, "tokenized_bleu": 40.0, "bleu_signature": "nrefs:1|tok:13a", "steps": 6200}
+    write_model_card(publishable, model.config, settings, results, "en", "de", "multi30k", "a dog runs .")
+    card = ModelCard.load(publishable / "README.md").text
+    assert "| optimizer | Adam(0.9, 0.98, 1e-9) | Adam(0.9, 0.98, 1e-8) |" in card
+    assert "| gradient clipping (norm) | none | 25.0 |" in card
+    deviations = next(line for line in card.splitlines() if line.startswith("Deviations from the paper:"))
+    assert "optimizer" in deviations and "gradient clipping (norm)" in deviations
 
 
 def test_model_and_tokenizer_push_to_hub_publish_a_folder_that_loads(tmp_path, trained_folder, monkeypatch) -> None:
