@@ -5,9 +5,10 @@
 # 1,200, 28.5 minutes of training (at most 6,000 steps), bf16 where it measures faster, GNMT alpha 1.4, the last
 # checkpoint alone; validation BLEU every 400 steps (each chosen on val).
 # --recipe published: Wu et al. (2021)'s fairseq run (41.02 BLEU): the text lowercased and Moses-tokenized into
-# OUTPUT_DIR/prepared (scripts/prepare_multi30k.py, kept once complete), 8,000 updates of ~7k target tokens, validation
-# loss every epoch with patience 10, the last 10 epoch checkpoints averaged, beam 5; results.json's whitespace_bleu is
-# the number to compare. Scores and settings of both: README.md and docs/results.md.
+# OUTPUT_DIR/prepared (scripts/prepare_multi30k.py, kept once complete), subword-nmt's BPE with their 10,000 merges,
+# 8,000 updates of ~7k target tokens, validation loss every epoch with patience 10, the last 10 epoch checkpoints
+# averaged, beam 5; results.json's whitespace_bleu is the number to compare. Scores and settings of both: README.md and
+# docs/results.md.
 # Usage: [SRC_LANG=en TGT_LANG=de] scripts/multi30k.sh DATA_DIR [OUTPUT_DIR] [--recipe published] [options...]
 #   DATA_DIR holds train, val and test_2016_flickr .$SRC_LANG.gz/.$TGT_LANG.gz (raw text, one sentence a line).
 #   The options go to `vaswani train` (later ones win); --resume continues an interrupted run.
@@ -46,11 +47,12 @@ common=(--output-dir "$output" --data files --source-lang "$src" --target-lang "
     --model-override encoder_layers=4 --model-override decoder_layers=4)
 
 if [[ $recipe == published ]]; then
-    # Eq. 3 x 0.005 sqrt(2000 x 128) is fairseq's inverse_sqrt with lr 0.005 and 2,000 warmup updates at d_model 128;
+    # 10,121 tokens: the prepared En-De text's 117 character symbols, 4 special tokens and 10,000 merges. Eq. 3 x
+    # 0.005 sqrt(2000 x 128) is fairseq's inverse_sqrt with lr 0.005 and 2,000 warmup updates at d_model 128;
     # 3,800 tokens x 2 batches an update are about the anchor's 2 GPUs x 4,096 tokens (docs/results.md).
     exec vaswani train "${common[@]}" --model-override dropout=0.3 --model-override layer_norm_eps=1e-5 \
         --model-override positional_encoding=fairseq_sinusoidal \
-        --vocab-size 10260 --max-tokens 3800 --update-freq 2 --warmup-steps 2000 \
+        --bpe subword_nmt --vocab-size 10121 --max-tokens 3800 --update-freq 2 --warmup-steps 2000 \
         --learning-rate-scale 2.5298221281347035 --max-steps 8000 --adam-epsilon 1e-8 --max-grad-norm 25 \
         --label-smoothing 0.1 --save-every-epoch --average-last 10 \
         --early-stopping-metric loss --early-stopping-patience 10 \

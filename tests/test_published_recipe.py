@@ -104,7 +104,13 @@ def test_published_command_is_the_anchors_recipe(published) -> None:
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon, args.weight_decay) == (0.9, 0.98, 1e-8, 0.0)
     assert (args.max_grad_norm, args.label_smoothing_factor, args.gradient_accumulation_steps) == (25, 0.1, 2)
     assert (args.max_steps, args.save_strategy, args.seed, args.bf16, args.fp16) == (8000, "epoch", 1, False, False)
-    assert (settings.vocab_size, settings.max_tokens, settings.average_last) == (10260, 3800, 10)
+    # subword-nmt's BPE with their 10,000 merges (fairseq's BPE of that era)
+    assert (settings.bpe, settings.vocab_size, settings.max_tokens, settings.average_last) == (
+        "subword_nmt",
+        10121,
+        3800,
+        10,
+    )
     assert (settings.early_stopping_metric, settings.early_stopping_patience) == ("loss", 10)
     generation = model.generation_config
     assert (generation.num_beams, generation.length_penalty, generation.length_penalty_type) == (5, 1.0, "power")
