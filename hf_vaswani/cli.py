@@ -34,14 +34,28 @@ class MergeKeyValue(argparse.Action):
         setattr(namespace, self.dest, {**getattr(namespace, self.dest), key: value})  # the default stays untouched
 
 
+def or_none(kind: type) -> typing.Callable[[str], object]:
+    """The argparse type of an `X | None` setting: `none` (or `None`, as the help writes it) for None, undoing an
+    earlier option such as a script's, else an X."""
+
+    def parse(text: str) -> object:
+        return None if text in ("none", "None") else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: ..."
+    return parse
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """One option per RecipeSettings field: its flag, type and default, its metadata as argparse keywords."""
-    group = parser.add_argument_group("recipe settings")
+    group = parser.add_argument_group(
+        "recipe settings", "an option whose setting can be None takes `none` for it (the later of two options wins)"
+    )
     defaults = RecipeSettings()
     for setting in fields(RecipeSettings):
         options = {key: value for key, value in setting.metadata.items() if key != "flag"}
         kind = setting.type
-        if isinstance(kind, types.UnionType):  # `X | None`: the option takes an X
+        optional = isinstance(kind, types.UnionType)
+        if optional:  # `X | None`: the option takes an X, or none
             (kind,) = (member for member in typing.get_args(kind) if member is not type(None))
         kind = typing.get_origin(kind) or kind  # dict[str, Any] -> dict
         if kind is bool:
@@ -49,7 +63,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         elif kind is dict:
             options.update(type=parse_override, action=MergeKeyValue)
         else:
-            options["type"] = kind
+            options["type"] = or_none(kind) if optional else kind
+            if optional and "choices" in options:
+                options["choices"] = (*options["choices"], None)
         group.add_argument(
             setting_flag(setting.name), dest=setting.name, default=getattr(defaults, setting.name), **options
         )

@@ -142,7 +142,9 @@ def train_and_write(
         # the run's own vocabulary (a retrained BPE could give the weights other ids), saving as it did before
         tokenizer = load_trained_bpe(tokenizer_dir)
     else:
-        tokenizer = train_shared_bpe_from_dataset(corpus["train"], vocab_size=settings.vocab_size, kind=settings.bpe)
+        tokenizer = train_shared_bpe_from_dataset(
+            corpus["train"], vocab_size=settings.vocab_size, kind=settings.bpe, merges=settings.bpe_merges
+        )
     if is_main_process():
         output_dir.mkdir(parents=True, exist_ok=True)
         # The record first: a run killed before its tokenizer is saved resumes by training the same one again.

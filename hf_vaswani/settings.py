@@ -14,6 +14,7 @@ from .tokenization import BPE_KINDS
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
 EARLY_STOPPING_METRICS = ("bleu", "loss")
+VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens"
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
     "vocab_size": "vocab_size",
@@ -51,7 +52,7 @@ class RecipeSettings:
             "when it parses (repeatable; a later KEY wins)",
         },
     )
-    vocab_size: int = field(default=37000, metadata={"help": "size of the shared BPE vocabulary trained (§5.1)"})
+    vocab_size: int = field(default=VOCAB_SIZE, metadata={"help": "size of the shared BPE vocabulary trained (§5.1)"})
     bpe: str = field(
         default="byte_level",
         metadata={
@@ -59,6 +60,14 @@ class RecipeSettings:
             "subword_nmt, Sennrich et al.'s on whitespace-separated words with an end-of-word mark, as fairseq-era "
             "recipes prepared tokenized text (unseen characters become <unk>, words are joined by single spaces)",
             "choices": BPE_KINDS,
+        },
+    )
+    bpe_merges: int | None = field(
+        default=None,
+        metadata={
+            "help": "for --bpe subword_nmt: learn this many merges, as subword-nmt's learn-bpe -s counts them, in "
+            "place of --vocab-size (the vocabulary is then the special tokens, the characters seen and the merges); "
+            "None: --vocab-size"
         },
     )
     label_smoothing: float = field(
@@ -210,6 +219,7 @@ class RecipeSettings:
             raise ValueError(f"{setting_flag('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}")
         for name in (
             "vocab_size",
+            "bpe_merges",
             "max_tokens",
             "update_freq",
             "warmup_steps",
@@ -241,6 +251,12 @@ class RecipeSettings:
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{setting_flag(name)} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.bpe_merges is not None and self.bpe != "subword_nmt":
+            raise ValueError(f"{setting_flag('bpe_merges')} sizes {setting_flag('bpe')} subword_nmt's BPE only")
+        if self.bpe_merges is not None and self.vocab_size != VOCAB_SIZE:
+            raise ValueError(
+                f"{setting_flag('bpe_merges')} and {setting_flag('vocab_size')} both size the vocabulary: pass one"
+            )
         bleu_patience = self.early_stopping_patience is not None and self.early_stopping_metric == "bleu"
         if bleu_patience and self.eval_bleu_steps is None:
             raise ValueError(

@@ -27,7 +27,9 @@ Design choices, and why:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,9 +73,13 @@ __all__ = [
 ]
 
 
-def _check_training_arguments(vocab_size: int, min_frequency: int, kind: str) -> None:
+def _check_training_arguments(vocab_size: int, min_frequency: int, kind: str, merges: int | None = None) -> None:
     if kind not in BPE_KINDS:
         raise ValueError(f"kind must be one of {BPE_KINDS}, got {kind!r}")
+    if merges is not None and kind != "subword_nmt":
+        raise ValueError(f"a count of merges sizes subword_nmt's BPE only; size {kind}'s with vocab_size")
+    if merges is not None and merges < 1:
+        raise ValueError(f"merges must be >= 1, got {merges}")
     if kind == "byte_level" and vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs the {MIN_VOCAB_SIZE - len(SPECIAL_TOKENS)} "
@@ -110,12 +116,23 @@ def _untrained(kind: str, vocab_size: int, min_frequency: int) -> tuple[Tokenize
 
 
 def _train(
-    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int, kind: str
+    texts: Iterable[str] | Iterable[list[str]],
+    vocab_size: int,
+    min_frequency: int,
+    kind: str,
+    merges: int | None = None,
 ) -> PreTrainedTokenizerFast:
-    """Train the BPE of `kind` on `texts` (strings or batches of strings) and wrap it for transformers."""
-    _check_training_arguments(vocab_size, min_frequency, kind)
+    """Train the BPE of `kind` on `texts` (strings or batches of strings) and wrap it for transformers; with `merges`,
+    subword_nmt's BPE of that many merges (`vocab_size` unused)."""
+    _check_training_arguments(vocab_size, min_frequency, kind, merges)
+    if merges is not None:
+        texts = list(chain.from_iterable([text] if isinstance(text, str) else text for text in texts))
+        # a vocabulary size the trainer reaches after `merges` merges or more: the first `merges` are kept
+        vocab_size = len(SPECIAL_TOKENS) + _initial_symbols(texts) + merges
     backend, trainer = _untrained(kind, vocab_size, min_frequency)
     backend.train_from_iterator(texts, trainer=trainer)
+    if merges is not None:
+        backend = _first_merges(backend, merges)
 
     for token, expected_id in SPECIAL_TOKEN_IDS.items():
         actual_id = backend.token_to_id(token)
@@ -129,6 +146,30 @@ def _train(
         special_tokens=[(EOS_TOKEN, SPECIAL_TOKEN_IDS[EOS_TOKEN])],
     )
     return _wrapped(backend)
+
+
+def _initial_symbols(texts: list[str]) -> int:
+    """At least as many symbols as subword_nmt's BPE starts from on `texts`: each character of a word, and each
+    word-final one again, marked with END_OF_WORD. tokenizers' trainer counts them into its vocabulary size."""
+    characters: set[str] = set()
+    for text in texts:
+        characters.update(text)
+    return 2 * len(characters)
+
+
+def _first_merges(backend: Tokenizer, merges: int) -> Tokenizer:
+    """`backend`'s BPE keeping its first `merges` merges and the vocabulary they and the initial symbols make. Merges
+    are learnt in order and each later one only adds tokens after the earlier ones' ids, so the first ones are the BPE
+    a trainer stopping there learns. tokenizers' BpeTrainer stops at a vocabulary size, not a count of merges."""
+    state = json.loads(backend.to_str())
+    learnt = [pair.split(" ") if isinstance(pair, str) else pair for pair in state["model"]["merges"]]
+    kept = {left + right for left, right in learnt[:merges]}
+    dropped = {left + right for left, right in learnt[merges:]} - kept
+    state["model"]["merges"] = learnt[:merges]
+    state["model"]["vocab"] = {token: i for token, i in state["model"]["vocab"].items() if token not in dropped}
+    if sorted(state["model"]["vocab"].values()) != list(range(len(state["model"]["vocab"]))):
+        raise RuntimeError("the BPE's vocabulary does not end with the tokens of its last merges")
+    return Tokenizer.from_str(json.dumps(state))
 
 
 def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
@@ -149,7 +190,11 @@ def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def train_shared_bpe(
-    texts: Iterable[str], vocab_size: int = 37000, min_frequency: int = 2, kind: str = "byte_level"
+    texts: Iterable[str],
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    kind: str = "byte_level",
+    merges: int | None = None,
 ) -> PreTrainedTokenizerFast:
     """Learn one BPE vocabulary on source and target text together (the paper's shared vocabulary).
 
@@ -162,6 +207,9 @@ def train_shared_bpe(
             subword_nmt, larger when its characters alone outnumber `vocab_size`).
         min_frequency: a pair must occur at least this often to be merged.
         kind: byte_level (GPT-2's) or subword_nmt (Sennrich et al.'s); see the module's notes.
+        merges: for subword_nmt, the number of merges to learn instead of a vocabulary size, as subword-nmt's
+            `learn-bpe -s` counts them and recipes of its era state their vocabularies (fewer when the corpus runs
+            out of pairs occurring `min_frequency` times); `vocab_size` is then unused. The texts are held in memory.
 
     Returns:
         A fast tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every encoding, source
@@ -169,12 +217,12 @@ def train_shared_bpe(
         name for `PreTrainedTokenizerFast`), which `AutoTokenizer.from_pretrained` loads back unchanged.
 
     Raises:
-        ValueError: if `kind` is unknown, `vocab_size` too small for it, `min_frequency` < 1, or `texts` a single
-            string.
+        ValueError: if `kind` is unknown, `vocab_size` too small for it, `merges` < 1 or given for byte_level,
+            `min_frequency` < 1, or `texts` a single string.
     """
     if isinstance(texts, str):  # iterating a str would train on its characters one by one
         raise ValueError("texts must be an iterable of strings, not a single string")
-    return _train(texts, vocab_size, min_frequency, kind)
+    return _train(texts, vocab_size, min_frequency, kind, merges)
 
 
 def load_trained_bpe(folder: str | Path) -> PreTrainedTokenizerFast:
@@ -211,6 +259,7 @@ def train_shared_bpe_from_dataset(
     columns: Sequence[str] = ("source", "target"),
     batch_size: int = 1000,
     kind: str = "byte_level",
+    merges: int | None = None,
 ) -> PreTrainedTokenizerFast:
     """`train_shared_bpe` on the text columns of a `datasets.Dataset` (by default `source` and `target`).
 
@@ -226,5 +275,5 @@ def train_shared_bpe_from_dataset(
         raise ValueError(f"dataset has no column(s) {missing}; its columns are {dataset.column_names}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    _check_training_arguments(vocab_size, min_frequency, kind)  # fail before iterating a possibly large dataset
-    return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency, kind)
+    _check_training_arguments(vocab_size, min_frequency, kind, merges)  # fail before iterating a large dataset
+    return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency, kind, merges)

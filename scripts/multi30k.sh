@@ -47,12 +47,11 @@ common=(--output-dir "$output" --data files --source-lang "$src" --target-lang "
     --model-override encoder_layers=4 --model-override decoder_layers=4)
 
 if [[ $recipe == published ]]; then
-    # 10,121 tokens: the prepared En-De text's 117 character symbols, 4 special tokens and 10,000 merges. Eq. 3 x
-    # 0.005 sqrt(2000 x 128) is fairseq's inverse_sqrt with lr 0.005 and 2,000 warmup updates at d_model 128;
-    # 3,800 tokens x 2 batches an update are about the anchor's 2 GPUs x 4,096 tokens (docs/results.md).
+    # Eq. 3 x 0.005 sqrt(2000 x 128) is fairseq's inverse_sqrt with lr 0.005 and 2,000 warmup updates at d_model
+    # 128; 3,800 tokens x 2 batches an update are about the anchor's 2 GPUs x 4,096 tokens (docs/results.md).
     exec vaswani train "${common[@]}" --model-override dropout=0.3 --model-override layer_norm_eps=1e-5 \
         --model-override positional_encoding=fairseq_sinusoidal \
-        --bpe subword_nmt --vocab-size 10121 --max-tokens 3800 --update-freq 2 --warmup-steps 2000 \
+        --bpe subword_nmt --bpe-merges 10000 --max-tokens 3800 --update-freq 2 --warmup-steps 2000 \
         --learning-rate-scale 2.5298221281347035 --max-steps 8000 --adam-epsilon 1e-8 --max-grad-norm 25 \
         --label-smoothing 0.1 --save-every-epoch --average-last 10 \
         --early-stopping-metric loss --early-stopping-patience 10 \

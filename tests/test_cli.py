@@ -28,15 +28,17 @@ def local_files_arguments(folder: Path) -> list[str]:
 
 def test_train_from_local_files(tmp_path) -> None:
     # d_ff again, twice: the last value wins; label smoothing is a training setting, not the model's
-    schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3)
+    # --vocab-size left at its default: --bpe-merges sizes the vocabulary (40 merges: the toy corpus has more)
+    schedule = toy_train_options(max_steps=6, save_steps=2, average_last=3, vocab_size=RecipeSettings().vocab_size)
     overrides = ["--model-override", "d_ff=48", "--model-override", "d_ff=64"]
-    options = [*overrides, "--label-smoothing", "0.2", "--build-shortlist", "--bpe", "subword_nmt"]
+    bpe = ["--bpe", "subword_nmt", "--bpe-merges", "40"]
+    options = [*overrides, "--label-smoothing", "0.2", "--build-shortlist", *bpe]
     main(["train", *local_files_arguments(tmp_path), *schedule, *options])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 6 and results["settings"]["model_overrides"]["d_model"] == 32
     assert results["settings"]["label_smoothing"] == 0.2
     saved_bpe = json.loads((tmp_path / "run" / "model" / "tokenizer.json").read_text())["model"]
-    assert saved_bpe["end_of_word_suffix"] == "</w>"  # --bpe subword_nmt
+    assert saved_bpe["end_of_word_suffix"] == "</w>" and len(saved_bpe["merges"]) == 40  # --bpe subword_nmt
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # every 2 steps, last 3
     assert VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "model").config.d_model == 32
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
@@ -58,6 +60,8 @@ def test_train_from_local_files(tmp_path) -> None:
         (["--model-override", "dropout=1.5"], "dropout must be in [0, 1), got 1.5"),
         (["--max-steps", "4", "--save-steps", "1", "--average-last", "1"], "--logging-steps (100)"),
         (["--max-steps", "4", "--save-steps", "5", "--average-last", "1", "--logging-steps", "1"], "--save-steps (5)"),
+        (["--bpe-merges", "100"], "--bpe-merges sizes --bpe subword_nmt's BPE only"),
+        (["--bpe", "subword_nmt", "--bpe-merges", "100", "--vocab-size", "500"], "both size the vocabulary: pass one"),
     ],
 )
 def test_settings_are_refused_before_any_work(tmp_path, capsys, monkeypatch, options, named) -> None:
@@ -103,6 +107,11 @@ def test_train_options_are_the_recipe_settings(capsys, monkeypatch) -> None:
     assert (settings.num_beams, settings.length_penalty, settings.eval_batch_size) == (2, 1.0, 8)
     assert settings.model_overrides == {"d_model": 256, "dropout": 0.2} and settings.bf16
     assert settings.label_smoothing == 0.05
+    # `none` undoes an earlier option of a setting that can be None, as scripts/multi30k.sh's are undone
+    undone = ["--max-train-minutes", "28.5", "--max-train-minutes", "none", "--length-penalty-type", "power"]
+    undone += ["--length-penalty-type", "None"]
+    settings = settings_from_args(parser.parse_args(["train", "--output-dir", "run", *undone]))
+    assert (settings.max_train_minutes, settings.length_penalty_type) == (None, None)
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option: argparse wraps help at the terminal's width
     with pytest.raises(SystemExit):
         main(["train", "--help"])

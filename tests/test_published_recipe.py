@@ -82,6 +82,15 @@ def published(tmp_path_factory) -> tuple[RecipeSettings, list[str], Path]:
     return settings_from_args(parsed), arguments, tmp_path
 
 
+def test_the_byte_level_variant_undoes_the_count_of_merges(tmp_path) -> None:
+    # docs/results.md's side by side: the recipe with GPT-2's BPE, the merges' count undone by `none`
+    write_raw_corpus(tmp_path / "raw")
+    options = ("--recipe", "published", "--bpe", "byte_level", "--bpe-merges", "none", "--vocab-size", "10260")
+    arguments = run_script(tmp_path, tmp_path / "raw", tmp_path / "out", *options)
+    settings = settings_from_args(build_parser().parse_args(arguments))
+    assert (settings.bpe, settings.bpe_merges, settings.vocab_size) == ("byte_level", None, 10260)
+
+
 def test_published_command_is_the_anchors_recipe(published) -> None:
     settings, arguments, tmp_path = published
     model = build_model(settings, toy_tokenizer())
@@ -105,9 +114,9 @@ def test_published_command_is_the_anchors_recipe(published) -> None:
     assert (args.max_grad_norm, args.label_smoothing_factor, args.gradient_accumulation_steps) == (25, 0.1, 2)
     assert (args.max_steps, args.save_strategy, args.seed, args.bf16, args.fp16) == (8000, "epoch", 1, False, False)
     # subword-nmt's BPE with their 10,000 merges (fairseq's BPE of that era)
-    assert (settings.bpe, settings.vocab_size, settings.max_tokens, settings.average_last) == (
+    assert (settings.bpe, settings.bpe_merges, settings.max_tokens, settings.average_last) == (
         "subword_nmt",
-        10121,
+        10000,
         3800,
         10,
     )

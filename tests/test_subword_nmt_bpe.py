@@ -3,6 +3,7 @@ Algorithm 1."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from collections import Counter
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_vaswani.tokenization import END_OF_WORD, train_shared_bpe
+from hf_vaswani.tokenization import END_OF_WORD, SPECIAL_TOKENS, train_shared_bpe
 
 # Lowercased, tokenized text, as the recipes that used subword-nmt prepared it; both sides feed one BPE.
 CORPUS = [
@@ -63,10 +65,10 @@ def test_segmentation_is_subword_nmts_with_the_same_merges(tokenizer: PreTrained
         assert subword_nmt_words(tokenizer.tokenize(text)) == reference.process_line(text)
 
 
-def test_each_merge_is_a_most_frequent_pair(tokenizer: PreTrainedTokenizerFast) -> None:
-    """Algorithm 1 of Sennrich et al. (2016): each merge joins a most frequent pair of adjacent symbols, counted over
-    the corpus' words segmented by the merges before it; learning stops when no pair is frequent enough or the
-    vocabulary is full."""
+def remaining_pair_counts(learnt: list[tuple[str, str]]) -> Counter[tuple[str, str]]:
+    """Algorithm 1 of Sennrich et al. (2016) checked on `learnt`: each merge joins a most frequent pair of adjacent
+    symbols, counted over the corpus' words segmented by the merges before it. Returns the pair counts after the last
+    merge (learning stops when none is frequent enough or the vocabulary is full)."""
     word_counts = Counter(word for text in CORPUS * 3 for word in text.split())
     words = {word: [*word[:-1], word[-1] + END_OF_WORD] for word in word_counts}
 
@@ -77,8 +79,6 @@ def test_each_merge_is_a_most_frequent_pair(tokenizer: PreTrainedTokenizerFast) 
                 counts[pair] += word_counts[word]
         return counts
 
-    learnt = merges(tokenizer)
-    assert len(learnt) > 50
     for pair in learnt:
         counts = pair_counts()
         assert counts[pair] == max(counts.values()) >= MIN_FREQUENCY, pair
@@ -92,7 +92,13 @@ def test_each_merge_is_a_most_frequent_pair(tokenizer: PreTrainedTokenizerFast) 
                     merged.append(symbols[index])
                     index += 1
             words[word] = merged
-    assert len(tokenizer) == 300 or max(pair_counts().values(), default=0) < MIN_FREQUENCY
+    return pair_counts()
+
+
+def test_each_merge_is_a_most_frequent_pair(tokenizer: PreTrainedTokenizerFast) -> None:
+    learnt = merges(tokenizer)
+    assert len(learnt) > 50
+    assert len(tokenizer) == 300 or max(remaining_pair_counts(learnt).values(), default=0) < MIN_FREQUENCY
 
 
 def test_a_word_is_the_same_tokens_wherever_it_stands(tokenizer: PreTrainedTokenizerFast) -> None:
@@ -125,3 +131,37 @@ def test_unknown_kind_and_too_small_vocabulary_are_refused() -> None:
         train_shared_bpe(CORPUS, vocab_size=300, kind="wordpiece")
     with pytest.raises(ValueError, match="no room beside the 4 special tokens"):
         train_shared_bpe(CORPUS, vocab_size=4, kind="subword_nmt")
+
+
+def subword_nmt_merges(texts: list[str], merges: int) -> list[tuple[str, str]]:
+    """subword-nmt's `learn-bpe -s merges` on `texts` (its codes file, version header dropped)."""
+    codes = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress and "no pair has frequency >= 2"
+        learn_bpe(io.StringIO("".join(text + "\n" for text in texts)), codes, merges, min_frequency=MIN_FREQUENCY)
+    return [tuple(line.split()) for line in codes.getvalue().splitlines()[1:]]
+
+
+@pytest.mark.parametrize("count", [1, 17, 120])
+def test_a_count_of_merges_learns_as_many_as_subword_nmt(count: int) -> None:
+    sized = train_shared_bpe(CORPUS * 3, merges=count, min_frequency=MIN_FREQUENCY, kind="subword_nmt")
+    learnt = merges(sized)
+    assert len(learnt) == len(subword_nmt_merges(CORPUS * 3, count)) == count
+    remaining_pair_counts(learnt)
+    # the vocabulary: the special tokens, each character of a word and each word-final one marked, and the merges'
+    words = {word for text in CORPUS for word in text.split()}
+    initial = {character for word in words for character in word} | {word[-1] + END_OF_WORD for word in words}
+    assert set(sized.get_vocab()) == set(SPECIAL_TOKENS) | initial | {left + right for left, right in learnt}
+
+
+def test_a_count_of_merges_stops_where_the_corpus_runs_out_of_pairs() -> None:
+    count = 5000  # far more than the corpus' pairs occurring twice support
+    learnt = merges(train_shared_bpe(CORPUS * 3, merges=count, min_frequency=MIN_FREQUENCY, kind="subword_nmt"))
+    assert 200 < len(learnt) < count and len(subword_nmt_merges(CORPUS * 3, count)) < count
+    assert max(remaining_pair_counts(learnt).values(), default=0) < MIN_FREQUENCY
+
+
+def test_a_count_of_merges_sizes_subword_nmts_bpe_only() -> None:
+    with pytest.raises(ValueError, match="sizes subword_nmt's BPE only"):
+        train_shared_bpe(CORPUS, merges=100, kind="byte_level")
+    with pytest.raises(ValueError, match="merges must be >= 1, got 0"):
+        train_shared_bpe(CORPUS, merges=0, kind="subword_nmt")
