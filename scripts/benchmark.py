@@ -14,6 +14,7 @@ tokens as its vocabulary map. Results and their reading: docs/performance.md.
     python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
     python scripts/benchmark.py --preset base --torch-compile       # training under torch.compile, both models
     python scripts/benchmark.py --preset base --shortlist-size 2000  # decoding with a shortlist, both engines
+    python scripts/benchmark.py --preset base --repeats 3 --train-steps 1 --profile  # where a decoding step's time goes
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import copy
 import ctypes
 import gc
 import json
+import math
 import multiprocessing
 import platform
 import re
@@ -31,6 +33,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack, nullcontext
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -158,6 +161,12 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="also decode with a vocabulary shortlist of this many tokens (random ones: the speed depends on the "
         "size only), hf_vaswani with use_shortlist and CTranslate2 with them as its vocabulary map",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timings, split a decoding step of each PyTorch decoding into products, vocabulary-sized "
+        "passes, attention, other operators and Python (torch.profiler over one more call each, which it slows)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark_results"))
@@ -294,6 +303,46 @@ def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
     return source.shape[0] * new_tokens / seconds
 
 
+PRODUCTS = {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic"}
+STEP_PARTS = ("products", "vocabulary passes", "attention", "other operators", "Python and dispatch")
+
+
+def step_profile(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, **extra) -> dict[str, float]:
+    """Milliseconds a decoding step spends in each of STEP_PARTS, from torch.profiler over one `generate` call (which
+    the profiler slows: its own cost per operator lands in the operators' times and the rest), the encoder's side left
+    out (products of the source's sentences x length rows, once a call). A vocabulary-sized pass is an operator other
+    than a product with an operand whose last dimension is a multiple of the scored columns (the vocabulary or a
+    shortlist's, times the beams where a loop flattens them); Python and dispatch is the call's time not spent in
+    operators."""
+    from torch.profiler import profile
+
+    with profile(record_shapes=True) as profiled:
+        seconds_a_call = timed(partial(generate_run, model, source, beams, length, "fp32", **extra))
+    encoder_rows = source.numel()
+    columns = {model.config.vocab_size}
+    if extra.get("use_shortlist"):  # the listed tokens and </s>
+        columns.add(torch.cat((model.shortlist.columns(source), torch.tensor([EOS]))).unique().numel())
+    totals = dict.fromkeys(STEP_PARTS, 0.0)
+    encoder = 0.0
+    for event in profiled.key_averages(group_by_input_shape=True):
+        shapes = [shape for shape in event.input_shapes if isinstance(shape, list) and shape]
+        milliseconds = event.self_cpu_time_total / 1e3
+        if event.key in PRODUCTS and math.prod(shapes[0][:-1]) == encoder_rows:
+            encoder += milliseconds
+        elif event.key in PRODUCTS:
+            totals["products"] += milliseconds
+        elif any(shape[-1] >= min(columns) and shape[-1] % column == 0 for shape in shapes for column in columns):
+            totals["vocabulary passes"] += milliseconds
+        elif "attention" in event.key:
+            totals["attention"] += milliseconds
+        else:
+            totals["other operators"] += milliseconds
+    step = (1e3 * seconds_a_call - encoder) / length
+    parts = {part: value / length for part, value in totals.items()}
+    parts["Python and dispatch"] = step - sum(parts.values())
+    return {"step": step, **parts}
+
+
 def ct2_serve(
     connection, marian_dir: str, vocab: int, compute_type: str, threads: int, vocabulary_map: list[int]
 ) -> None:
@@ -407,9 +456,10 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
             print(f"greedy tokens equal to MarianMT's: {name} {same:.1%}")
 
 
-def write_outputs(results: dict, meta: dict, output_dir: Path) -> str:
+def write_outputs(results: dict, meta: dict, output_dir: Path, profiles: dict[str, dict[str, float]]) -> str:
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "benchmark.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    written = {"meta": meta, "results": results} | ({"ms a decoding step": profiles} if profiles else {})
+    (output_dir / "benchmark.json").write_text(json.dumps(written, indent=2) + "\n")
     systems = list(next(iter(results.values())))
     pairs = [
         ("hf_vaswani", "MarianMT"),
@@ -429,6 +479,10 @@ def write_outputs(results: dict, meta: dict, output_dir: Path) -> str:
             cells.append(f"{numerator / denominator:.2f}" if numerator is not None and denominator else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     settings = ", ".join(f"{key}={value}" for key, value in meta.items())
+    if profiles:
+        parts = list(next(iter(profiles.values())))
+        lines += ["", "| ms a decoding step | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 1)]
+        lines += [f"| {name} | " + " | ".join(f"{ms:.1f}" for ms in p.values()) + " |" for name, p in profiles.items()]
     table = "\n".join(lines)
     (output_dir / "benchmark.md").write_text(f"# Benchmark\n\n{settings}\n\n{table}\n")
     plot(results, output_dir / "benchmark.png")
@@ -550,6 +604,15 @@ def main() -> None:
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
 
+    profiles = {}
+    if args.profile:
+        for label in decoding:
+            beams = 1 if label == "greedy" else args.beam_size
+            for name, model in decode_models.items():
+                profile = step_profile(model, decode_source, beams, args.output_length, **extras[name])
+                profiles[f"{label}, {name}"] = profile
+                listed = ", ".join(f"{part} {value:.1f}" for part, value in profile.items())
+                print(f"ms a step, {label:7s} {name:12s} {listed}")
     packing.close()
     if translator is not None:
         translator.close()
@@ -595,7 +658,7 @@ def main() -> None:
         "output length": args.output_length,
         "repeats": args.repeats,
     }
-    print(write_outputs(results, meta, args.output_dir))
+    print(write_outputs(results, meta, args.output_dir, profiles))
     print(f"wrote {args.output_dir}/benchmark.json, benchmark.md, benchmark.png")
 
 
