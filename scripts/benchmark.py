@@ -58,6 +58,9 @@ EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last voca
 TRANSFORMERS_LOOP = "hf_vaswani, transformers' loop"
 WITH_SHORTLIST = "hf_vaswani + shortlist"
 CT2_WITH_MAP = "CTranslate2 + vocabulary map"
+# Before each timed decoding: CTranslate2's OpenMP runtime (Intel's) keeps its threads spinning for 200 ms after each
+# parallel region (KMP_BLOCKTIME), which on a 2-core machine would slow whichever system decodes next
+SETTLE_SECONDS = 0.3
 
 
 def machine_description(threads: int) -> dict[str, str | int]:
@@ -596,10 +599,12 @@ def main() -> None:
             translator.decode(decode_source[:1], beams, 2)
         for repeat in range(args.repeats):
             for name, model in decode_models.items():
+                time.sleep(SETTLE_SECONDS)
                 value = generate_run(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
             for name, use_vmap in ct2_systems.items():
+                time.sleep(SETTLE_SECONDS)
                 value = translator.decode(decode_source, beams, args.output_length, use_vmap)[0]
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
