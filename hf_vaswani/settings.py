@@ -9,12 +9,11 @@ from typing import Any
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_vaswani import VaswaniConfig
-from .tokenization import BPE_KINDS
+from .tokenization import BPE_KINDS, VOCAB_SIZE
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
 EARLY_STOPPING_METRICS = ("bleu", "loss")
-VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens"
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
     "vocab_size": "vocab_size",

@@ -57,6 +57,7 @@ MODEL_MAX_LENGTH = 1_000_000
 # arbitrary text without <unk>.
 MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
 BPE_KINDS = ("byte_level", "subword_nmt")
+VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens"
 
 __all__ = [
     "BOS_TOKEN",
@@ -67,6 +68,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "SPECIAL_TOKEN_IDS",
     "UNK_TOKEN",
+    "VOCAB_SIZE",
     "load_trained_bpe",
     "train_shared_bpe",
     "train_shared_bpe_from_dataset",
@@ -191,7 +193,7 @@ def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
 
 def train_shared_bpe(
     texts: Iterable[str],
-    vocab_size: int = 37000,
+    vocab_size: int = VOCAB_SIZE,
     min_frequency: int = 2,
     kind: str = "byte_level",
     merges: int | None = None,
@@ -254,7 +256,7 @@ def _dataset_batches(dataset: Dataset, columns: Sequence[str], batch_size: int) 
 
 def train_shared_bpe_from_dataset(
     dataset: Dataset,
-    vocab_size: int = 37000,
+    vocab_size: int = VOCAB_SIZE,
     min_frequency: int = 2,
     columns: Sequence[str] = ("source", "target"),
     batch_size: int = 1000,
