@@ -310,7 +310,9 @@ PRODUCTS = {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "ate
 STEP_PARTS = ("products", "vocabulary passes", "attention", "other operators", "Python and dispatch")
 
 
-def step_profile(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, **extra) -> dict[str, float]:
+def step_profile(
+    model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, dtype: str, **extra
+) -> dict[str, float]:
     """Milliseconds a decoding step spends in each of STEP_PARTS, from torch.profiler over one `generate` call (which
     the profiler slows: its own cost per operator lands in the operators' times and the rest), the encoder's side left
     out (products of the source's sentences x length rows, once a call). A vocabulary-sized pass is an operator other
@@ -320,7 +322,7 @@ def step_profile(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
     from torch.profiler import profile
 
     with profile(record_shapes=True) as profiled:
-        seconds_a_call = timed(partial(generate_run, model, source, beams, length, "fp32", **extra))
+        seconds_a_call = timed(partial(generate_run, model, source, beams, length, dtype, **extra))
     encoder_rows = source.numel()
     columns = {model.config.vocab_size}
     if extra.get("use_shortlist"):  # the listed tokens and </s>
@@ -614,7 +616,7 @@ def main() -> None:
         for label in decoding:
             beams = 1 if label == "greedy" else args.beam_size
             for name, model in decode_models.items():
-                profile = step_profile(model, decode_source, beams, args.output_length, **extras[name])
+                profile = step_profile(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
                 profiles[f"{label}, {name}"] = profile
                 listed = ", ".join(f"{part} {value:.1f}" for part, value in profile.items())
                 print(f"ms a step, {label:7s} {name:12s} {listed}")
