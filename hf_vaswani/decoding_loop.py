@@ -234,15 +234,16 @@ UNPACKED_INT8_WEIGHTS: WeakKeyDictionary = WeakKeyDictionary()
 
 def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """The output projection's product for `columns` only (its rows of those tokens), of its own kind: an int8
-    projection (torch.ao's dynamically quantized Linear) gives an int8 one of the same values."""
+    projection (torch.ao's dynamically quantized Linear) gives an int8 product of the same values."""
     if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
         if projection not in UNPACKED_INT8_WEIGHTS:
             UNPACKED_INT8_WEIGHTS[projection] = (projection.weight(), projection.bias())
         weight, bias = UNPACKED_INT8_WEIGHTS[projection]
-        rows = torch.ao.nn.quantized.dynamic.Linear(projection.in_features, len(columns), dtype=torch.qint8)
-        # index_select: indexing a quantized tensor with [] dequantizes it whole first
-        rows.set_weight_bias(weight.index_select(0, columns), None if bias is None else bias[columns])
-        return rows
+        # index_select: indexing a quantized tensor with [] dequantizes it whole first. Then the ops torch.ao's
+        # Linear runs, without building one: its constructor packs a placeholder weight, half of the 5 ms a list took
+        rows = weight.index_select(0, columns)
+        packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias[columns])
+        return partial(torch.ops.quantized.linear_dynamic, W_prepack=packed, reduce_range=True)
     bias = None if projection.bias is None else projection.bias[columns]
     return partial(torch.nn.functional.linear, weight=projection.weight[columns], bias=bias)
 

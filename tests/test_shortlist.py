@@ -11,6 +11,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_vaswani import kernelize
 from hf_vaswani.cli import main
+from hf_vaswani.decoding_loop import projection_over
 from hf_vaswani.loading import load_model_folder
 from hf_vaswani.quantization import quantize_int8
 from hf_vaswani.shortlist import (
@@ -106,6 +107,17 @@ def test_decoding_with_a_shortlist_is_decoding_with_the_other_tokens_barred_and_
             assert torch.isinf(ours_step).sum() >= ours_step.shape[0] * (model.config.vocab_size - len(columns))
             if call["num_beams"] > 1:  # log-probabilities over the listed tokens
                 torch.testing.assert_close(listed_scores, reference_step[:, columns], rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_projection_over_the_listed_columns_gives_the_int8_projections_values_there() -> None:
+    """The shortlist's int8 product multiplies by the int8 projection's own rows: torch.ao's module over the whole
+    vocabulary gives the same values in those columns, bit for bit (each column is its own int8 dot product)."""
+    model = quantize_int8(kernelize(random_model(0, TINY_MODEL)))
+    projection = model.get_output_embeddings()
+    assert isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+    hidden = torch.randn(6, 1, model.config.d_model, generator=torch.Generator().manual_seed(0))
+    columns = torch.tensor([0, 3, 4, 17, model.config.vocab_size - 1])
+    assert torch.equal(projection_over(projection, columns)(hidden), projection(hidden)[..., columns])
 
 
 def test_a_shortlist_of_every_token_decodes_as_the_whole_vocabulary() -> None:
