@@ -1,7 +1,8 @@
 """Speed and memory of hf_vaswani against transformers' MarianMTModel and CTranslate2, at identical size, on CPU.
 
 A random MarianMTModel converted with `from_marian` (both compute the same function: their logits are compared) and
-CTranslate2 converted from the same Marian folder. Repetitions alternate between systems; medians are reported.
+CTranslate2 converted from the same Marian folder. Repetitions alternate between systems; medians are reported, and
+each ratio as the median of its ratios within a repetition.
 Measured: training tokens/s (forward, backward, fused AdamW; hf_vaswani with its trainer's chunked loss), peak RSS
 growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length (hf_vaswani
 by its own decoding loop and by transformers'), and each decoding's share of the matmul and roofline bounds. With
@@ -58,6 +59,14 @@ EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last voca
 TRANSFORMERS_LOOP = "hf_vaswani, transformers' loop"
 WITH_SHORTLIST = "hf_vaswani + shortlist"
 CT2_WITH_MAP = "CTranslate2 + vocabulary map"
+PAIRS = [  # the ratios the table gives, where both systems ran
+    ("hf_vaswani", "MarianMT"),
+    ("hf_vaswani", "CTranslate2"),
+    ("hf_vaswani", TRANSFORMERS_LOOP),
+    (WITH_SHORTLIST, "hf_vaswani"),
+    (WITH_SHORTLIST, CT2_WITH_MAP),
+    (CT2_WITH_MAP, "CTranslate2"),
+]
 # Before each timed decoding: CTranslate2's OpenMP runtime (Intel's) keeps its threads spinning for 200 ms after each
 # parallel region (KMP_BLOCKTIME), which on a 2-core machine would slow whichever system decodes next
 SETTLE_SECONDS = 0.3
@@ -461,27 +470,29 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
             print(f"greedy tokens equal to MarianMT's: {name} {same:.1%}")
 
 
-def write_outputs(results: dict, meta: dict, output_dir: Path, profiles: dict[str, dict[str, float]]) -> str:
+def write_outputs(
+    samples: dict[str, dict[str, list[float]]],
+    systems: list[str],
+    meta: dict,
+    output_dir: Path,
+    profiles: dict[str, dict[str, float]],
+) -> str:
+    """benchmark.json, .md and .png: each metric's median per system, and the ratios of PAIRS measured in both."""
+    results = {
+        metric: {s: statistics.median(values[s]) if values.get(s) else None for s in systems}
+        for metric, values in samples.items()
+    }
     output_dir.mkdir(parents=True, exist_ok=True)
     written = {"meta": meta, "results": results} | ({"ms a decoding step": profiles} if profiles else {})
     (output_dir / "benchmark.json").write_text(json.dumps(written, indent=2) + "\n")
-    systems = list(next(iter(results.values())))
-    pairs = [
-        ("hf_vaswani", "MarianMT"),
-        ("hf_vaswani", "CTranslate2"),
-        ("hf_vaswani", TRANSFORMERS_LOOP),
-        (WITH_SHORTLIST, "hf_vaswani"),
-        (WITH_SHORTLIST, CT2_WITH_MAP),
-        (CT2_WITH_MAP, "CTranslate2"),
-    ]
-    ratios = [(ours, other) for ours, other in pairs if ours in systems and other in systems]
-    header = ["metric", *systems, *(f"{ours} / {other}" for ours, other in ratios)]
+    pairs = [(ours, other) for ours, other in PAIRS if ours in systems and other in systems]
+    header = ["metric", *systems, *(f"{ours} / {other}" for ours, other in pairs)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for metric, values in results.items():
-        cells = [metric, *(f"{values[s]:.1f}" if values[s] is not None else "n/a" for s in systems)]
-        for ours, other in ratios:
-            numerator, denominator = values[ours], values[other]
-            cells.append(f"{numerator / denominator:.2f}" if numerator is not None and denominator else "n/a")
+    for metric, values in samples.items():
+        cells = [metric, *(f"{results[metric][s]:.1f}" if results[metric][s] is not None else "n/a" for s in systems)]
+        for ours, other in pairs:
+            ratio = paired_ratio(values.get(ours, []), values.get(other, []))
+            cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
     settings = ", ".join(f"{key}={value}" for key, value in meta.items())
     if profiles:
@@ -492,6 +503,14 @@ def write_outputs(results: dict, meta: dict, output_dir: Path, profiles: dict[st
     (output_dir / "benchmark.md").write_text(f"# Benchmark\n\n{settings}\n\n{table}\n")
     plot(results, output_dir / "benchmark.png")
     return table
+
+
+def paired_ratio(ours: list[float], other: list[float]) -> float | None:
+    """The median over repeats of ours / other within each repeat: a repeat runs every system within seconds, so
+    drift in the machine's speed over a run (its neighbours' load) cancels, where a ratio of medians would keep it."""
+    if not ours or len(ours) != len(other) or not all(other):
+        return None
+    return statistics.median(a / b for a, b in zip(ours, other, strict=True))
 
 
 def plot(results: dict, path: Path) -> None:
@@ -625,11 +644,9 @@ def main() -> None:
         translator.close()
     systems = [*decode_models, *ct2_systems]
 
-    def medians(values: dict[str, list[float]]) -> dict[str, float | None]:
-        return {s: statistics.median(values[s]) if values.get(s) else None for s in systems}
-
-    results = {"train tokens/s": medians(speed), "train peak RSS growth (MiB)": medians(memory)}
-    results |= {f"{label} output tokens/s": medians(values) for label, values in decoding.items()}
+    # every metric's per-repeat values per system; the table gives their medians
+    samples: dict[str, dict[str, list[float]]] = {"train tokens/s": speed, "train peak RSS growth (MiB)": memory}
+    samples |= {f"{label} output tokens/s": values for label, values in decoding.items()}
     if args.dtype == "fp32" and not args.int8:  # the bounds are fp32 work at the measured fp32 rate and bandwidth
         for label, values in decoding.items():
             beams = 1 if label == "greedy" else args.beam_size
@@ -645,8 +662,8 @@ def main() -> None:
             for kind, (seconds, work) in bounds.items():
                 bound = args.decode_batch_size * args.output_length / seconds
                 print(f"{label}: the {kind} bound is {bound:.0f} output tokens/s ({work})")
-                results[f"{label} % of {kind} bound"] = {
-                    name: 100 * value / bound if value is not None else None for name, value in medians(values).items()
+                samples[f"{label} % of {kind} bound"] = {
+                    name: [100 * value / bound for value in repeats] for name, repeats in values.items()
                 }
     meta = {
         **machine,
@@ -665,7 +682,7 @@ def main() -> None:
         "output length": args.output_length,
         "repeats": args.repeats,
     }
-    print(write_outputs(results, meta, args.output_dir, profiles))
+    print(write_outputs(samples, systems, meta, args.output_dir, profiles))
     print(f"wrote {args.output_dir}/benchmark.json, benchmark.md, benchmark.png")
 
 
