@@ -240,7 +240,7 @@ def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Calla
             UNPACKED_INT8_WEIGHTS[projection] = (projection.weight(), projection.bias())
         weight, bias = UNPACKED_INT8_WEIGHTS[projection]
         # index_select: indexing a quantized tensor with [] dequantizes it whole first. Then the ops torch.ao's
-        # Linear runs, without building one: its constructor packs a placeholder weight, half of the 5 ms a list took
+        # Linear runs, without building one: its constructor packs a placeholder weight as large as the listed rows
         rows = weight.index_select(0, columns)
         packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias[columns])
         return partial(torch.ops.quantized.linear_dynamic, W_prepack=packed, reduce_range=True)

@@ -644,7 +644,7 @@ def main() -> None:
         translator.close()
     systems = [*decode_models, *ct2_systems]
 
-    # every metric's per-repeat values per system; the table gives their medians
+    # every metric's values per system, one a repetition (memory: one, over the first steps); the table gives medians
     samples: dict[str, dict[str, list[float]]] = {"train tokens/s": speed, "train peak RSS growth (MiB)": memory}
     samples |= {f"{label} output tokens/s": values for label, values in decoding.items()}
     if args.dtype == "fp32" and not args.int8:  # the bounds are fp32 work at the measured fp32 rate and bandwidth
