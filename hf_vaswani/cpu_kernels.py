@@ -15,12 +15,14 @@ wherever it builds or loads a model; a model loaded from the Hub as remote code 
   load, so two runs can choose differently and round differently; under `torch.use_deterministic_algorithms` (as
   TrainingArguments' `full_determinism` sets) torch's own kernels run instead, and a seeded run repeats bit for bit.
 - `CheapMaskDropout`: nn.Dropout with a cheaper CPU mask.
-- `Float32AttentionUnderCpuAutocast`, `float32_attention`: attention in float32 under CPU autocast (bf16 mixed
-  precision).
+- `FastestKernelAttention`: multi-head attention whose attention function runs in float32 under CPU autocast (bf16
+  mixed precision, `float32_attention`) and, in CPU inference with a few queries (decoding steps), as three plain
+  operators where they measure faster than torch's sdpa kernel (`few_query_attention`).
 
 These kernels are torch operators outside its public API (torch.ops.mkl, torch.ops.mkldnn): package code only.
 """
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import decoding_loop
 from .loss_vaswani import label_smoothed_loss
@@ -47,7 +50,7 @@ def kernelize(model: PreTrainedModel) -> PreTrainedModel:
         elif type(module) is nn.Dropout:
             module.__class__ = CheapMaskDropout
         elif type(module) is VaswaniMultiHeadAttention:
-            module.__class__ = Float32AttentionUnderCpuAutocast
+            module.__class__ = FastestKernelAttention
     if isinstance(model, VaswaniForConditionalGeneration):
         model.loss_function = partial(label_smoothed_loss, product=product)
     if isinstance(model, GenerationMixin) and "generate" not in vars(model):
@@ -318,11 +321,81 @@ def float32_attention(
         return attention(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
 
 
-class Float32AttentionUnderCpuAutocast(VaswaniMultiHeadAttention):
-    """Multi-head attention whose attention function runs in float32 under CPU autocast (`float32_attention`)."""
+FEW_QUERIES = 16  # queries per sentence and head that `few_query_attention` may take: a step of up to 16 beams
+ATTENTION_KERNELS: dict[tuple, str | None] = {}  # sdpa_or_fewer_operators' choice per shape class and thread count
+
+
+def few_query_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """What torch's scaled_dot_product_attention computes without causal masking (as transformers' sdpa attention
+    function returns it, (batch, length, heads, d_v)), by a product, a softmax and a product.
+
+    torch's CPU sdpa runs a flash-attention kernel built for long queries, whose fixed cost dominates a decoding
+    step's one query per beam (docs/performance.md).
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask, -math.inf)
+    elif attention_mask is not None:
+        scores += attention_mask
+    weights = scores.softmax(-1).nan_to_num_(0.0)  # sdpa gives a query barred from every key zeros
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
+
+
+def sdpa_or_fewer_operators(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention function, or `few_query_attention` where this CPU measured it faster for the
+    shape: CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a module that is not
+    causal) and no dropout. The first call of each shape class (batch x heads, queries and keys, each rounded up to a
+    power of two), mask kind and thread count is timed both ways, `fastest` deciding."""
+    queries = query.shape[2]
+    if (
+        torch.compiler.is_compiling()
+        or query.device.type != "cpu"
+        or torch.is_grad_enabled()
+        or kwargs.get("dropout", 0.0) != 0.0
+        or queries > FEW_QUERIES
+        or (queries > 1 and module.is_causal)
+        or not kernels_chosen_by_timing()
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    sizes = (query.shape[0] * query.shape[1], queries, key.shape[2])
+    mask_kind = None if attention_mask is None else attention_mask.dtype
+    shape_key = (*(1 << (size - 1).bit_length() for size in sizes), mask_kind, torch.get_num_threads())
+    if shape_key not in ATTENTION_KERNELS:
+        arguments = (module, query, key, value, attention_mask)
+        ATTENTION_KERNELS[shape_key] = fastest(
+            {
+                None: partial(sdpa_attention_forward, *arguments, **kwargs),
+                "few_query": partial(few_query_attention, *arguments, **kwargs),
+            }
+        )
+    attention = few_query_attention if ATTENTION_KERNELS[shape_key] == "few_query" else sdpa_attention_forward
+    return attention(module, query, key, value, attention_mask, **kwargs)
+
+
+class FastestKernelAttention(VaswaniMultiHeadAttention):
+    """Multi-head attention whose attention function runs in float32 under CPU autocast (`float32_attention`), and
+    whose sdpa attention (the default implementation) takes few-query CPU inference to `sdpa_or_fewer_operators`.
+    Other attention implementations (eager, flex, one a caller registered) run as configured."""
 
     def attention_function(self) -> Callable:
         attention = super().attention_function()
         if torch.is_autocast_enabled("cpu"):
             return partial(float32_attention, attention)
+        if attention is sdpa_attention_forward:
+            return sdpa_or_fewer_operators
         return attention

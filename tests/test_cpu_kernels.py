@@ -1,6 +1,6 @@
 """The CPU kernels that `kernelize` attaches compute what the plain modules compute: packed projections, products by
-the fastest kernel, dropout masks, int8 inference of a kernelized model, bf16 training with float32 attention; and
-kernelizing changes neither the weights nor a saved folder."""
+the fastest kernel, few-query attention, dropout masks, int8 inference of a kernelized model, bf16 training with float32
+attention; and kernelizing changes neither the weights nor a saved folder."""
 
 import copy
 import json
@@ -26,16 +26,19 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels, modeling_vaswani
 from hf_vaswani.cli import main
 from hf_vaswani.cpu_kernels import (
+    FEW_QUERIES,
     PACKED_KERNELS,
     CheapMaskDropout,
+    FastestKernelAttention,
     FastestKernelLinear,
-    Float32AttentionUnderCpuAutocast,
     LinearByFastestProducts,
     fastest_packed_kernel,
+    few_query_attention,
     kernelize,
     packed_decoder_weights,
     packed_weights,
     product,
+    sdpa_or_fewer_operators,
 )
 from hf_vaswani.loss_vaswani import ProjectedLabelSmoothedLoss
 from hf_vaswani.precision import cpu_bf16_matmul_works
@@ -50,7 +53,7 @@ def test_kernelize_swaps_the_plain_modules_and_changes_neither_the_weights_nor_t
     kinds = {
         nn.Linear: FastestKernelLinear,
         nn.Dropout: CheapMaskDropout,
-        modeling_vaswani.VaswaniMultiHeadAttention: Float32AttentionUnderCpuAutocast,
+        modeling_vaswani.VaswaniMultiHeadAttention: FastestKernelAttention,
     }
     counts = {kind: sum(type(m) is kind for m in plain.modules()) for kind in kinds}
     model = kernelize(copy.deepcopy(plain))
@@ -220,6 +223,91 @@ def test_a_product_is_measured_once_per_shape_class_layout_and_thread_count(monk
     assert len(measured) == 3
 
 
+def attention_operands(sentences: int, queries: int, keys: int, mask: str) -> tuple:
+    """query, key, value (sentences x 4 heads x length x 8) and a mask of kind `mask` as transformers makes them for
+    sdpa (booleans, True where a query may attend) or an additive float mask; the boolean mask bars the first sentence
+    from every key (a row that sdpa gives zeros) and the others from their last two."""
+    query, key, value = (torch.randn(sentences, 4, length, 8) for length in (queries, keys, keys))
+    allowed = torch.ones(sentences, 1, queries, keys, dtype=torch.bool)
+    allowed[0], allowed[1:, :, :, -2:] = False, False
+    masks = {"none": None, "bool": allowed, "float": torch.randn(sentences, 1, queries, keys)}
+    return query, key, value, masks[mask]
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+@pytest.mark.parametrize(("queries", "keys"), [(1, 1), (1, 9), (4, 24), (FEW_QUERIES, 5)])
+def test_few_query_attention_computes_torchs_scaled_dot_product_attention(queries: int, keys: int, mask: str) -> None:
+    torch.manual_seed(0)
+    query, key, value, attention_mask = attention_operands(3, queries, keys, mask)
+    module = nn.Module()
+    output, weights = few_query_attention(module, query, key, value, attention_mask, scaling=0.3)
+    expected = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=0.3)
+    assert weights is None and output.shape == (3, queries, 4, 8) and output.is_contiguous()
+    torch.testing.assert_close(output, expected.transpose(1, 2))
+    if mask == "bool":
+        assert torch.all(output[0] == 0.0)
+
+
+@pytest.fixture(params=[None, "few_query"])
+def attention_kernel(request, monkeypatch) -> str | None:
+    """Each kernel sdpa_or_fewer_operators can choose (None: transformers' sdpa function), whatever this CPU's
+    measurement decides; other choices by timing stay torch's."""
+    monkeypatch.setattr(cpu_kernels, "ATTENTION_KERNELS", {})
+    monkeypatch.setattr(cpu_kernels, "fastest", lambda calls: request.param if "few_query" in calls else None)
+    return request.param
+
+
+def test_decoding_with_either_attention_kernel_gives_the_plain_models_beams(
+    attention_kernel: str | None, monkeypatch
+) -> None:
+    """Beam search whose steps attend with each kernel (the kernelized model on sdpa, its default), against the plain
+    model; the source has padding, so the encoder-decoder attention is masked."""
+    calls = []
+    monkeypatch.setattr(
+        cpu_kernels, "few_query_attention", lambda *a, **k: calls.append(1) or few_query_attention(*a, **k)
+    )
+    torch.manual_seed(0)
+    config = VaswaniConfig(**TINY_MODEL)
+    plain = VaswaniForConditionalGeneration._from_config(config, attn_implementation="sdpa").eval()
+    model = kernelize(copy.deepcopy(plain))
+    source = torch.randint(4, config.vocab_size, (3, 7))
+    mask = torch.ones_like(source)
+    mask[1, 5:] = 0
+    options = dict(num_beams=3, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    with torch.inference_mode():
+        expected, got = (each.generate(input_ids=source, attention_mask=mask, **options) for each in (plain, model))
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
+    # the encoder's attention over 7 positions (8: a power of two), a step's self-attention (1 query) and its
+    # encoder-decoder attention (3 beams' queries together: 4) went through the choice
+    assert {key[1] for key in cpu_kernels.ATTENTION_KERNELS} == {8, 1, 4}
+    assert set(cpu_kernels.ATTENTION_KERNELS.values()) == {attention_kernel}
+    assert bool(calls) == (attention_kernel == "few_query")
+
+
+def test_attention_outside_few_query_cpu_inference_is_transformers_sdpa_and_nothing_is_timed(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_kernels, "ATTENTION_KERNELS", {})
+    monkeypatch.setattr(cpu_kernels, "fastest", timing_forbidden)
+    torch.manual_seed(0)
+    causal, not_causal = nn.Module(), nn.Module()
+    causal.is_causal, not_causal.is_causal = True, False
+    cases = [  # (module, queries, grad enabled, dropout)
+        (not_causal, FEW_QUERIES + 1, False, 0.0),  # many queries
+        (causal, 2, False, 0.0),  # a causal mask sdpa applies
+        (not_causal, 1, True, 0.0),  # training
+        (not_causal, 1, False, 0.1),  # dropout
+    ]
+    for module, queries, grad, dropout in cases:
+        query, key, value, _ = attention_operands(2, queries, 6, "none")
+        with torch.set_grad_enabled(grad):
+            got, _ = sdpa_or_fewer_operators(module, query, key, value, None, scaling=0.3, dropout=dropout)
+        torch.manual_seed(1)  # the same dropout mask both times
+        expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.3, dropout=dropout)
+        if dropout == 0.0:
+            assert torch.equal(got, expected)
+    assert cpu_kernels.ATTENTION_KERNELS == {}
+
+
 @pytest.fixture
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms for one test (as TrainingArguments' full_determinism sets it)."""
@@ -246,6 +334,11 @@ def test_under_deterministic_algorithms_linears_are_torchs_and_nothing_is_timed(
     assert torch.equal(product(a, b), nn.functional.linear(a, b))
     with packed_decoder_weights([layer]):
         assert layer.packed_weight is None
+    module, (query, key, value, _) = nn.Module(), attention_operands(2, 1, 6, "none")
+    module.is_causal = True
+    with torch.inference_mode():
+        got, _ = sdpa_or_fewer_operators(module, query, key, value, None, scaling=0.3)
+        assert torch.equal(got, sdpa_attention_forward(module, query, key, value, None, scaling=0.3)[0])
 
 
 def test_projected_loss_with_each_product_kernel_matches_cross_entropy(product_kernel: str | None) -> None:
