@@ -316,6 +316,8 @@ def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
 
 
 PRODUCTS = {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic"}
+# the operators of cpu_kernels.few_query_attention, attention's only in this model (log_softmax is aten::_log_softmax)
+FEW_QUERY_ATTENTION = {"aten::bmm", "aten::_softmax", "aten::nan_to_num"}
 STEP_PARTS = ("products", "vocabulary passes", "attention", "other operators", "Python and dispatch")
 
 
@@ -347,7 +349,7 @@ def step_profile(
             totals["products"] += milliseconds
         elif any(shape[-1] >= min(columns) and shape[-1] % column == 0 for shape in shapes for column in columns):
             totals["vocabulary passes"] += milliseconds
-        elif "attention" in event.key:
+        elif "attention" in event.key or event.key in FEW_QUERY_ATTENTION:
             totals["attention"] += milliseconds
         else:
             totals["other operators"] += milliseconds
