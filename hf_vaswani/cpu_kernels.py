@@ -358,13 +358,14 @@ def sdpa_or_fewer_operators(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention function, or `few_query_attention` where this CPU measured it faster for the
-    shape: CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a module that is not
-    causal) and no dropout. The first call of each shape class (batch x heads, queries and keys, each rounded up to a
-    power of two), mask kind and thread count is timed both ways, `fastest` deciding."""
+    shape: float32 CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a module that is
+    not causal) and no dropout. The first call of each shape class (batch x heads, queries and keys, each rounded up to
+    a power of two), mask kind and thread count is timed both ways, `fastest` deciding."""
     queries = query.shape[2]
     if (
         torch.compiler.is_compiling()
         or query.device.type != "cpu"
+        or query.dtype != torch.float32  # sdpa's kernel accumulates lower precisions in float32
         or torch.is_grad_enabled()
         or kwargs.get("dropout", 0.0) != 0.0
         or queries > FEW_QUERIES

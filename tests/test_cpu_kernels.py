@@ -291,14 +291,15 @@ def test_attention_outside_few_query_cpu_inference_is_transformers_sdpa_and_noth
     torch.manual_seed(0)
     causal, not_causal = nn.Module(), nn.Module()
     causal.is_causal, not_causal.is_causal = True, False
-    cases = [  # (module, queries, grad enabled, dropout)
-        (not_causal, FEW_QUERIES + 1, False, 0.0),  # many queries
-        (causal, 2, False, 0.0),  # a causal mask sdpa applies
-        (not_causal, 1, True, 0.0),  # training
-        (not_causal, 1, False, 0.1),  # dropout
+    cases = [  # (module, queries, grad enabled, dropout, dtype)
+        (not_causal, FEW_QUERIES + 1, False, 0.0, torch.float32),  # many queries
+        (causal, 2, False, 0.0, torch.float32),  # a causal mask sdpa applies
+        (not_causal, 1, True, 0.0, torch.float32),  # training
+        (not_causal, 1, False, 0.1, torch.float32),  # dropout
+        (not_causal, 1, False, 0.0, torch.bfloat16),  # a lower precision
     ]
-    for module, queries, grad, dropout in cases:
-        query, key, value, _ = attention_operands(2, queries, 6, "none")
+    for module, queries, grad, dropout, dtype in cases:
+        query, key, value = (x.to(dtype) for x in attention_operands(2, queries, 6, "none")[:3])
         with torch.set_grad_enabled(grad):
             got, _ = sdpa_or_fewer_operators(module, query, key, value, None, scaling=0.3, dropout=dropout)
         torch.manual_seed(1)  # the same dropout mask both times
