@@ -224,6 +224,11 @@ def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) 
     return torch.ops.mkldnn._linear_pointwise(a.contiguous(), b.contiguous(), bias, "none", [], "")
 
 
+def shape_class(*sizes: int) -> tuple[int, ...]:
+    """Each size rounded up to a power of two: the shapes one timed choice of kernel stands for."""
+    return tuple(1 << (size - 1).bit_length() for size in sizes)
+
+
 PRODUCT_KERNELS: dict[tuple, str | None] = {}  # product's choice per shape class, layout and thread count
 
 
@@ -246,9 +251,8 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         or 0 in (*a.shape, *b.shape)
     ):
         return nn.functional.linear(a, b, bias)
-    rows, inner = a.shape
-    shape_class = tuple(1 << (size - 1).bit_length() for size in (rows, inner, b.shape[0]))
-    key = (*shape_class, a.stride(-1) == 1, b.stride(-1) == 1, bias is None, torch.get_num_threads())
+    layout = (a.stride(-1) == 1, b.stride(-1) == 1, bias is None)
+    key = (*shape_class(*a.shape, b.shape[0]), *layout, torch.get_num_threads())
     if key not in PRODUCT_KERNELS:
         with torch.no_grad():
             products = {
@@ -373,9 +377,9 @@ def sdpa_or_fewer_operators(
         or not kernels_chosen_by_timing()
     ):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    sizes = (query.shape[0] * query.shape[1], queries, key.shape[2])
     mask_kind = None if attention_mask is None else attention_mask.dtype
-    shape_key = (*(1 << (size - 1).bit_length() for size in sizes), mask_kind, torch.get_num_threads())
+    sizes = shape_class(query.shape[0] * query.shape[1], queries, key.shape[2])
+    shape_key = (*sizes, mask_kind, torch.get_num_threads())
     if shape_key not in ATTENTION_KERNELS:
         arguments = (module, query, key, value, attention_mask)
         ATTENTION_KERNELS[shape_key] = fastest(
