@@ -2,10 +2,10 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vaswani import VaswaniConfig
-from .cpu_kernels import kernelize
-from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
-from .pipeline_vaswani import TranslationPipeline
+from .kernels.cpu import kernelize
+from .model.configuration_vaswani import VaswaniConfig
+from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
+from .model.pipeline_vaswani import TranslationPipeline
 
 __version__ = "0.1.0"
 
@@ -15,7 +15,7 @@ def save_model_folder(model: VaswaniForConditionalGeneration, tokenizer, folder)
 
     The model writes its weights, config, generation config and its code (modeling and the modules it imports, the
     translation pipeline among them); the tokenizer its files. The model card (README.md), which a Hub upload also
-    needs, is written separately (`hf_vaswani.model_card.write_model_card`).
+    needs, is written separately (`hf_vaswani.interop.model_card.write_model_card`).
     """
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -9,10 +9,10 @@ import typing
 from dataclasses import fields, replace
 from pathlib import Path
 
-from .allocator import reuse_freed_memory
+from .decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
 from .files import check_input_file, check_output_file, new_folder
-from .settings import DEMO_SETTINGS, RecipeSettings, setting_flag
-from .shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
+from .kernels.allocator import reuse_freed_memory
+from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -94,10 +94,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_data(args: argparse.Namespace):
-    from .data import load_corpus
+    from .data.corpus import load_corpus
 
     if args.data == "synthetic":
-        from .demo_corpus import make_synthetic_corpus
+        from .data.demo_corpus import make_synthetic_corpus
 
         return make_synthetic_corpus(seed=args.seed)
     if args.data == "hub":
@@ -121,9 +121,9 @@ def load_data(args: argparse.Namespace):
 
 
 def command_demo(args: argparse.Namespace) -> None:
-    from .demo_corpus import make_synthetic_corpus
-    from .recipe import run_recipe
-    from .run_folder import check_output_dir, claimed_run_folder
+    from .data.demo_corpus import make_synthetic_corpus
+    from .training.recipe import run_recipe
+    from .training.run_folder import check_output_dir, claimed_run_folder
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
     with claimed_run_folder(args.output_dir):
@@ -141,8 +141,8 @@ def command_demo(args: argparse.Namespace) -> None:
 
 
 def command_train(args: argparse.Namespace) -> None:
-    from .recipe import run_recipe
-    from .run_folder import check_output_dir, claimed_run_folder
+    from .training.recipe import run_recipe
+    from .training.run_folder import check_output_dir, claimed_run_folder
 
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
     # So does a folder another run writes to or a run already in it.
@@ -166,7 +166,7 @@ def command_train(args: argparse.Namespace) -> None:
 
 
 def command_average(args: argparse.Namespace) -> None:
-    from .averaging import average_checkpoints, last_checkpoints
+    from .training.averaging import average_checkpoints, last_checkpoints
 
     if not args.checkpoints and not args.checkpoint_dir:
         raise ValueError("give checkpoint folders or --checkpoint-dir")
@@ -178,7 +178,7 @@ def command_average(args: argparse.Namespace) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
-    from .translation import check_generation_options
+    from .decoding.translation import check_generation_options
 
     options = {
         name: value
@@ -191,7 +191,7 @@ def generation_options(args: argparse.Namespace) -> dict:
 
 def shortlist_options(args: argparse.Namespace) -> dict:
     """The `generate` option of --shortlist, its model folder checked to hold a shortlist before the model is loaded."""
-    from .shortlist import SHORTLIST_FILE
+    from .decoding.shortlist import SHORTLIST_FILE
 
     if not args.shortlist:
         return {}
@@ -201,9 +201,9 @@ def shortlist_options(args: argparse.Namespace) -> dict:
 
 
 def command_shortlist(args: argparse.Namespace) -> None:
-    from .data import load_parallel_files
-    from .loading import load_model_folder
-    from .shortlist import shortlist_of_corpus
+    from .data.corpus import load_parallel_files
+    from .decoding.loading import load_model_folder
+    from .decoding.shortlist import shortlist_of_corpus
 
     if not Path(args.model).is_dir():
         raise ValueError(f"{args.model} is not a model folder: the shortlist is saved into it")
@@ -231,11 +231,11 @@ def check_batch_size(batch_size: int) -> None:
 
 
 def command_translate(args: argparse.Namespace) -> None:
-    from .alignment import align_nbest, align_pairs, check_alignment_layer
+    from .decoding.alignment import align_nbest, align_pairs, check_alignment_layer
+    from .decoding.loading import load_model_folder
+    from .decoding.translation import check_nbest, nbest_lines, translate, translate_nbest
     from .files import write_lines
-    from .loading import load_model_folder
     from .text_io import alignment_text, print_lines, read_sentences
-    from .translation import check_nbest, nbest_lines, translate, translate_nbest
 
     # Everything that can be checked is checked before the model is loaded and the input translated.
     if args.input:
@@ -274,9 +274,9 @@ def command_translate(args: argparse.Namespace) -> None:
 
 
 def command_score(args: argparse.Namespace) -> None:
+    from .decoding.loading import load_model_folder
+    from .decoding.scoring import score_lines, score_pairs
     from .files import write_lines
-    from .loading import load_model_folder
-    from .scoring import score_lines, score_pairs
     from .text_io import print_lines, read_sentences
 
     check_input_file(args.source, "--source")
@@ -299,9 +299,9 @@ def command_score(args: argparse.Namespace) -> None:
 
 
 def command_evaluate(args: argparse.Namespace) -> None:
-    from .data import load_parallel_files
-    from .loading import load_model_folder
-    from .scoring import translate_and_score
+    from .data.corpus import load_parallel_files
+    from .decoding.loading import load_model_folder
+    from .decoding.scoring import translate_and_score
 
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
@@ -317,7 +317,7 @@ def command_evaluate(args: argparse.Namespace) -> None:
 
 
 def command_plot_attention(args: argparse.Namespace) -> None:
-    from .loading import load_model_folder
+    from .decoding.loading import load_model_folder
     from .plots import plot_attention
 
     model, tokenizer = load_model_folder(args.model, trust_remote_code=args.trust_remote_code)
@@ -326,7 +326,7 @@ def command_plot_attention(args: argparse.Namespace) -> None:
 
 
 def command_convert(args: argparse.Namespace) -> None:
-    from .convert import convert_folder
+    from .interop.convert import convert_folder
 
     if not args.source.is_dir():
         raise ValueError(f"no model folder at {args.source}")
@@ -336,8 +336,8 @@ def command_convert(args: argparse.Namespace) -> None:
 
 
 def command_export(args: argparse.Namespace) -> None:
-    from .export import decoding_note, write_ctranslate2
-    from .loading import load_model_folder
+    from .decoding.loading import load_model_folder
+    from .interop.export import decoding_note, write_ctranslate2
 
     with new_folder(args.output, "output folder") as temporary:  # refuses an existing folder before loading
         model, tokenizer = load_model_folder(args.model)
@@ -351,7 +351,7 @@ def command_export(args: argparse.Namespace) -> None:
 def command_push(args: argparse.Namespace) -> None:
     from huggingface_hub.errors import HTTPError  # the base of its HTTP client's errors, connection errors included
 
-    from .hub import push_folder
+    from .interop.hub import push_folder
 
     try:
         print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
@@ -416,7 +416,7 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .scoring import NORMALIZATIONS
+    from .decoding.scoring import NORMALIZATIONS
 
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -43,13 +43,13 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 from transformers.utils import logging as transformers_logging
 
-from hf_vaswani.allocator import reuse_freed_memory
-from hf_vaswani.convert import from_marian
-from hf_vaswani.cpu_kernels import kernelize, onednn_product, packed_weights
-from hf_vaswani.modeling_vaswani import VaswaniForConditionalGeneration
-from hf_vaswani.precision import cpu_bf16_matmul_works
-from hf_vaswani.quantization import quantize_int8
-from hf_vaswani.shortlist import Shortlist
+from hf_vaswani.decoding.shortlist import Shortlist
+from hf_vaswani.interop.convert import from_marian
+from hf_vaswani.kernels.allocator import reuse_freed_memory
+from hf_vaswani.kernels.cpu import kernelize, onednn_product, packed_weights
+from hf_vaswani.kernels.quantization import quantize_int8
+from hf_vaswani.model.modeling_vaswani import VaswaniForConditionalGeneration
+from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
 PRESETS = {
     "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},
@@ -92,7 +92,7 @@ def machine_description(threads: int) -> dict[str, str | int]:
 
 def measured_matmul_gflops(repeats: int = 5, size: int = 2048) -> dict[str, float]:
     """This CPU's fp32 matmul rate by torch's product (MKL where torch has it) and by oneDNN's (which
-    `hf_vaswani.cpu_kernels.product` picks where it is faster), best of `repeats` square products each; the
+    `hf_vaswani.kernels.cpu.product` picks where it is faster), best of `repeats` square products each; the
     faster is the bound's denominator."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     kernels = {"torch": lambda: torch.mm(a, b)}
@@ -158,8 +158,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--reuse-freed-memory",
         action="store_true",
-        help="glibc keeps freed memory for reuse (hf_vaswani.allocator, as `vaswani` commands run) in this process, "
-        "so for both PyTorch systems",
+        help="glibc keeps freed memory for reuse (hf_vaswani.kernels.allocator, as `vaswani` commands run) in this "
+        "process, so for both PyTorch systems",
     )
     parser.add_argument(
         "--torch-compile",
@@ -384,7 +384,7 @@ def ct2_serve(
         return "</s>" if i == EOS else f"t{i}"
 
     vmap = None
-    if vocabulary_map:  # hf_vaswani.shortlist's writer would import torch into this process: written here
+    if vocabulary_map:  # hf_vaswani.decoding.shortlist's writer would import torch into this process: written here
         vmap = Path(marian_dir).parent / "vmap.txt"
         vmap.write_text("\t" + " ".join(map(token, vocabulary_map)) + "\n")
     NoTokenizerConverter(marian_dir).convert(output_dir, vmap=vmap and str(vmap), force=True)

@@ -1,7 +1,7 @@
 """Decoding speed of a model and its `vaswani export --to ctranslate2` copy, side by side on CPU.
 
-A random Transformer-base (8k vocabulary) is written with `hf_vaswani.export.write_ctranslate2`; both decode the same
-8 sentences of 24 tokens into exactly 24 tokens (greedy and beam 4), repetitions alternating, medians printed.
+A random Transformer-base (8k vocabulary) is written with `hf_vaswani.interop.export.write_ctranslate2`; both decode
+the same 8 sentences of 24 tokens into exactly 24 tokens (greedy and beam 4), repetitions alternating, medians printed.
 CTranslate2 runs in a process of its own: its OpenMP runtime and torch's slow each other down in one process.
 
     python scripts/export_speed.py --threads 2 --repeats 5 [--quantization int8]
@@ -20,9 +20,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.cpu_kernels import kernelize
-from hf_vaswani.export import write_ctranslate2
-from hf_vaswani.quantization import quantize_int8
+from hf_vaswani.interop.export import write_ctranslate2
+from hf_vaswani.kernels.cpu import kernelize
+from hf_vaswani.kernels.quantization import quantize_int8
 
 VOCAB, SENTENCES, LENGTH = 8000, 8, 24
 

@@ -38,8 +38,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.export import to_marian, write_ctranslate2
 from hf_vaswani.files import write_text
+from hf_vaswani.interop.export import to_marian, write_ctranslate2
 
 SECTIONS = ("correctness", "training", "generation", "multi30k", "distributed")
 PAD, EOS = 0, 2  # VaswaniConfig's default special ids (bos 1); content tokens start at 4, after <unk> 3
@@ -148,7 +148,7 @@ class Report:
 class Run:
     device: torch.device
     sizes: Sizes
-    bf16: bool  # whether bf16 runs here (a CPU may trap on a bfloat16 matmul: hf_vaswani.precision)
+    bf16: bool  # whether bf16 runs here (a CPU may trap on a bfloat16 matmul: hf_vaswani.training.precision)
     deadline: float  # time.monotonic() at the time limit
     report: Report
 
@@ -471,7 +471,7 @@ def trainer_bf16_step(run: Run) -> dict[str, Any]:
         return {"skipped": "bf16 does not run on this CPU"}
     from datasets import Dataset
 
-    from hf_vaswani.trainer import VaswaniTrainer, paper_training_arguments
+    from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
 
     config = model_config(run, dropout=0.0)
     sentences, source_length, target_length = run.sizes.check_batch
@@ -970,7 +970,7 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
     else:
-        from hf_vaswani.precision import cpu_bf16_matmul_works
+        from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
         bf16 = cpu_bf16_matmul_works()
     header = {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_vaswani.batching import TokenBatchSampler
+from hf_vaswani.data.batching import TokenBatchSampler
 
 
 def padding_fraction(
@@ -58,7 +58,7 @@ def random_batches(num_examples: int, num_batches: int, seed: int = 0) -> list[l
 
 def read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if args.source_file is None:
-        from hf_vaswani.demo_corpus import make_synthetic_corpus
+        from hf_vaswani.data.demo_corpus import make_synthetic_corpus
 
         split = make_synthetic_corpus()[args.split]
         return list(split["source"]), list(split["target"])

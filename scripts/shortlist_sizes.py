@@ -15,11 +15,11 @@ import argparse
 import json
 import statistics
 
-from hf_vaswani.data import load_parallel_files
-from hf_vaswani.loading import load_model_folder
-from hf_vaswani.metrics import whitespace_bleu
-from hf_vaswani.shortlist import shortlist_of_corpus
-from hf_vaswani.translation import translate
+from hf_vaswani.data.corpus import load_parallel_files
+from hf_vaswani.decoding.loading import load_model_folder
+from hf_vaswani.decoding.metrics import whitespace_bleu
+from hf_vaswani.decoding.shortlist import shortlist_of_corpus
+from hf_vaswani.decoding.translation import translate
 
 
 def main() -> None:

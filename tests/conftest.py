@@ -39,8 +39,8 @@ def train_capitaliser(max_steps: int):
     from tiny import CAPITALISER_MODEL, PROBE_SENTENCES, capitalised_pairs
 
     from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-    from hf_vaswani.generation_vaswani import paper_generation_config
-    from hf_vaswani.tokenization import train_shared_bpe
+    from hf_vaswani.data.tokenization import train_shared_bpe
+    from hf_vaswani.model.generation_vaswani import paper_generation_config
 
     probe = set(PROBE_SENTENCES)
     pairs = [pair for pair in capitalised_pairs(20000, seed=0) if pair[0] not in probe]

@@ -1,5 +1,6 @@
 """Checks shared by the tests: the trained fixture's criterion, refused commands, code run without hf_vaswani."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import random_model
 
+from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 
 REFUSE_HF_VASWANI = """
@@ -100,3 +103,78 @@ def mistranslations(model, tokenizer, sentences: list[str], **generate_options) 
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     translations = tokenizer.batch_decode(model.generate(**batch, **generate_options), skip_special_tokens=True)
     return [(s, t) for s, t in zip(sentences, translations, strict=True) if t != s.upper()]
+
+
+def padded_batch(
+    vocab_size: int, lengths: list[int], seed: int = 1, pad_token_id: int = 0, eos_token_id: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (never special ids 0-3) right-padded to the longest length, with the attention mask; each
+    sentence ends in `eos_token_id` where one is given."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab_size, (len(lengths), max(lengths)), generator=generator)
+    if eos_token_id is not None:
+        ids[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = eos_token_id
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, pad_token_id), mask.long()
+
+
+# --- Untrained models whose decoding is checked by exhaustive search or against transformers' loop -------------------
+
+EOS = 2
+
+
+def peaked_model(seed: int, vocab_size: int = 6, **overrides) -> VaswaniForConditionalGeneration:
+    """Untrained, with an untied output layer scaled up so that next-token distributions are far from uniform."""
+    untied = dict(share_embeddings=False, tie_word_embeddings=False)
+    model = random_model(seed, vocab_size=vocab_size, **untied, **overrides)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model
+
+
+def offset_eos_logit(model: VaswaniForConditionalGeneration, offset: float) -> None:
+    """Add exactly `offset` to the </s> logit at every step: one model dimension becomes a constant 1 feature."""
+    with torch.no_grad():
+        final_norm = model.model.decoder.layers[-1].feed_forward_norm
+        final_norm.weight[0], final_norm.bias[0] = 0.0, 1.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[EOS, 0] = offset
+
+
+def exhaustive_scores(model, source: torch.Tensor, max_new_tokens: int, alpha: float) -> dict:
+    """Every possible output up to max_new_tokens, scored by teacher forcing: log P(Y|X) / lp(|Y|) in both forms."""
+    vocab = model.config.vocab_size
+    non_eos = [t for t in range(vocab) if t != EOS]
+    candidates = [(*prefix, EOS) for n in range(max_new_tokens) for prefix in itertools.product(non_eos, repeat=n)]
+    candidates += list(itertools.product(non_eos, repeat=max_new_tokens))  # stopped by the length limit
+    scores = {}
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=source)
+        for candidate in candidates:
+            decoder_input = torch.tensor([[model.config.decoder_start_token_id, *candidate[:-1]]])
+            log_probs = model(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input).logits.log_softmax(-1)
+            total = sum(float(log_probs[0, i, token]) for i, token in enumerate(candidate))
+            length = len(candidate)
+            scores[candidate] = {
+                "gnmt": total / ((5 + length) / 6) ** alpha,  # Wu et al. 2016 / §6.1
+                "power": total / length**alpha,  # transformers' form
+            }
+    return scores
+
+
+def best(scores: dict, form: str) -> tuple[tuple, float]:
+    ranked = sorted(scores, key=lambda c: scores[c][form], reverse=True)
+    return ranked[0], scores[ranked[0]][form] - scores[ranked[1]][form]
+
+
+def strip(sequence: torch.Tensor) -> tuple:
+    tokens = sequence.tolist()[1:]  # drop the decoder start token
+    return tuple(tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens)
+
+
+def sharpened(model):
+    """`model` with its output layer scaled up: untrained models spread probability evenly, and beams then end at
+    similar lengths; peaked distributions give hypotheses of many lengths, ends among them."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    return model

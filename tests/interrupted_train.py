@@ -16,8 +16,8 @@ import time
 import torch
 from transformers import TrainerCallback
 
-import hf_vaswani.callbacks
-import hf_vaswani.recipe
+import hf_vaswani.training.callbacks
+import hf_vaswani.training.recipe
 from hf_vaswani.cli import main
 
 phase, signal_name, options = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -45,7 +45,7 @@ class InterruptAfterStep(TrainerCallback):
             interrupt()
 
 
-class InterruptedTrainer(hf_vaswani.recipe.VaswaniTrainer):
+class InterruptedTrainer(hf_vaswani.training.recipe.VaswaniTrainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.add_callback(InterruptAfterStep(int(phase.removeprefix("step-"))))
@@ -60,7 +60,7 @@ def interrupted_after(function):
 
 
 if phase.startswith("step-"):
-    hf_vaswani.recipe.VaswaniTrainer = InterruptedTrainer
+    hf_vaswani.training.recipe.VaswaniTrainer = InterruptedTrainer
 elif phase.startswith("saving-"):
     save = torch.save
     checkpoint = f"checkpoint-{phase.removeprefix('saving-')}"
@@ -72,9 +72,11 @@ elif phase.startswith("saving-"):
 
     torch.save = save_until_the_optimizer
 elif phase == "averaging":
-    hf_vaswani.callbacks.average_checkpoints = interrupted_after(hf_vaswani.callbacks.average_checkpoints)
+    hf_vaswani.training.callbacks.average_checkpoints = interrupted_after(
+        hf_vaswani.training.callbacks.average_checkpoints
+    )
 elif phase == "model-save":
-    hf_vaswani.recipe.save_model_folder = interrupted_after(hf_vaswani.recipe.save_model_folder)
+    hf_vaswani.training.recipe.save_model_folder = interrupted_after(hf_vaswani.training.recipe.save_model_folder)
 elif phase != "none":
     raise SystemExit(f"unknown phase {phase}")
 main(["train", *options])

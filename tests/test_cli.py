@@ -15,8 +15,8 @@ from tiny import save_random_checkpoints, toy_train_options, write_corpus_files
 import hf_vaswani.cli
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import build_parser, main, settings_from_args
-from hf_vaswani.settings import RecipeSettings, setting_flag
-from hf_vaswani.shortlist import SHORTLIST_PER_SOURCE, Shortlist
+from hf_vaswani.decoding.shortlist import SHORTLIST_PER_SOURCE, Shortlist
+from hf_vaswani.training.settings import RecipeSettings, setting_flag
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -144,7 +144,7 @@ def script_command(name: str) -> list[str]:
 
 
 def test_the_scripts_commands_give_valid_settings() -> None:
-    # scripts/multi30k.sh's commands: tests/test_published_recipe.py runs the script
+    # scripts/multi30k.sh's commands: tests/training/test_published_recipe.py runs the script
     base, big = (script_command(name) for name in ("wmt14_base.sh", "wmt14_big.sh"))
     base_options = base[base.index("train") + 1 :]
     big_options = base_options + big[big.index("$output") + 1 :]  # wmt14_big.sh runs wmt14_base.sh with more options

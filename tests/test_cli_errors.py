@@ -15,13 +15,13 @@ from helpers import refused
 from tiny import SMALLEST_MODEL, save_random_checkpoints, save_untrained_folder
 
 import hf_vaswani.cli
+import hf_vaswani.decoding.loading
 import hf_vaswani.files
-import hf_vaswani.loading
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
-from hf_vaswani.loading import load_model_folder
+from hf_vaswani.decoding.loading import load_model_folder
+from hf_vaswani.decoding.translation import translate
 from hf_vaswani.text_io import print_lines
-from hf_vaswani.translation import translate
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_output_and_input_paths_are_checked_before_loading(tiny_folder, tmp_path
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the paths were checked")
 
-    monkeypatch.setattr(hf_vaswani.loading, "load_model_folder", no_loading)
+    monkeypatch.setattr(hf_vaswani.decoding.loading, "load_model_folder", no_loading)
     (tmp_path / "in.txt").write_text("red cat\n")
     given_input = ["--input", str(tmp_path / "in.txt")]
     model = str(tiny_folder)
@@ -280,7 +280,8 @@ def test_a_string_instead_of_a_list_is_refused(tiny_folder) -> None:
     ],
 )
 def test_bad_generation_values_are_refused_up_front(tiny_folder, capfd, monkeypatch, options, named) -> None:
-    monkeypatch.setattr(hf_vaswani.loading, "load_model_folder", None)  # loading would be a TypeError: a traceback
+    # loading would be a TypeError: a traceback
+    monkeypatch.setattr(hf_vaswani.decoding.loading, "load_model_folder", None)
     refused(capfd, ["translate", str(tiny_folder), *options], named)
 
 

@@ -10,8 +10,8 @@ from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
-from hf_vaswani.settings import RecipeSettings, setting_flag
-from hf_vaswani.tokenization import train_shared_bpe
+from hf_vaswani.data.tokenization import train_shared_bpe
+from hf_vaswani.training.settings import RecipeSettings, setting_flag
 
 # --- Model sizes: VaswaniConfig keywords -----------------------------------------------------------------------------
 

@@ -22,9 +22,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels
-from hf_vaswani.data import load_tsv
-from hf_vaswani.tokenization import train_shared_bpe_from_dataset
-from hf_vaswani.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+from hf_vaswani.data.corpus import load_tsv
+from hf_vaswani.data.tokenization import train_shared_bpe_from_dataset
+from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 data, output = sys.argv[1], Path(sys.argv[2])
 max_tokens, update_freq, steps, save_steps = (int(value) for value in sys.argv[3:7])

@@ -1,0 +1,443 @@
+"""The paper's decoding (§6.1) as a loop of the package's own: greedy and beam search computing what transformers'
+`generate` computes for the requests it covers, with less work a step.
+
+transformers' beam search, each step: copies the last position's logits, log-softmaxes them into a new tensor, applies
+the processors (copies again), adds the beams' scores into a third beams x vocabulary tensor, takes the top 2k over
+it, then gathers whole sequence buffers; its loop around the model adds input preparation and bookkeeping per step.
+Here each step is one call of the decoder and output projection, then:
+- the log-softmax written over the logits the projection just made (in place), the banned columns, minimum lengths and
+  the source-length cap written into them in place;
+- the top 2k of each row (one read; adding a row's score keeps its order, so the best 2k overall are among them), the
+  beams' scores added to those 2k candidates only, the top 2k of the k x 2k;
+- the self-attention cache reordered, the encoder states shared by a sentence's beams and never reordered;
+- each step's tokens and back-pointers kept, sequences built once at the end.
+
+Which candidates finish, the early-stopping rules and the returned scores are transformers' (`GenerationMixin`'s beam
+search, transformers 5), computed by the same float32 operations, so the sequences and scores are equal
+(tests/decoding/test_search.py). A request it does not cover (sampling, constraints, custom processors or stopping
+criteria, streamers, attention or hidden-state outputs, a given cache) goes to transformers' loop: `covered_request`
+says which. `decoding_loop` ("auto", "package" or "transformers"; a `generate` argument or a generation-config key)
+forces either.
+"""
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from weakref import WeakKeyDictionary
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+)
+from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
+
+from ..model.generation_vaswani import (
+    BannedColumnsLogitsProcessor,
+    SourceLengthCapLogitsProcessor,
+    copy_shared_cross_attention_cache,
+    penalty_exponent,
+)
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+
+DECODING_LOOPS = ("auto", "package", "transformers")
+
+# Every GenerationConfig setting falls in one of three groups (tests/decoding/test_search.py checks that none is new):
+READ_SETTINGS = {  # what this loop does with them is what transformers' greedy and beam search do
+    "num_beams", "num_return_sequences", "max_new_tokens", "max_length", "min_length", "min_new_tokens",
+    "bad_words_ids", "length_penalty", "early_stopping", "output_scores", "return_dict_in_generate",
+    "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "do_sample", "use_cache",
+}  # fmt: skip
+UNREAD_SETTINGS = {  # settings of sampling, assisted decoding, static caches or bookkeeping: unused by these searches
+    "temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p", "top_h",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
+    "target_lookbehind", "max_matching_ngram_size", "assistant_ensemble_weight", "max_cache_len", "cache_config",
+    "compile_config", "disable_compile", "continuous_batching_config", "transformers_version", "_from_model_config",
+}  # fmt: skip
+INACTIVE_VALUES = {  # settings this loop covers only at these values, where they change nothing
+    "num_beam_groups": (None, 1), "diversity_penalty": (None, 0.0), "guidance_scale": (None, 1.0),
+    "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0), "remove_invalid_values": (None, False),
+    "renormalize_logits": (None, False), "token_healing": (None, False), "low_memory": (None, False),
+    "output_attentions": (None, False), "output_hidden_states": (None, False), "output_logits": (None, False),
+    "is_assistant": (None, False), "use_mtp": (None, False),
+    **dict.fromkeys((
+        "sequence_bias", "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens", "watermarking_config", "constraints", "force_words_ids",
+        "stop_strings", "max_time", "dola_layers", "penalty_alpha", "prompt_lookup_num_tokens", "assistant_early_exit",
+        "cache_implementation", "prefill_chunk_size", "speculation_type",
+    ), (None,)),
+}  # fmt: skip
+COVERED_ARGUMENTS = {"input_ids", "attention_mask", "logits_processor"}  # other generate arguments: transformers' loop
+
+
+@dataclass
+class Request:
+    """One `generate` call that this loop covers, resolved as transformers resolves it."""
+
+    source_ids: torch.Tensor
+    source_mask: torch.Tensor | None
+    config: GenerationConfig
+    banned: BannedColumnsLogitsProcessor | None
+    cap: SourceLengthCapLogitsProcessor | None
+    vocab_size: int
+    max_length: int  # of an output, the start token included
+    columns: torch.Tensor | None = None  # the vocabulary ids scored (a shortlist's, sorted), or None: all
+
+
+def generate(model: VaswaniForConditionalGeneration, generate_of_transformers, *args, **kwargs):
+    """`model.generate(*args, **kwargs)`: by this loop where it covers the call (or `decoding_loop="package"` asks),
+    else by `generate_of_transformers`."""
+    inputs = kwargs.pop("inputs", args[0] if args else None)
+    generation_config = kwargs.pop("generation_config", args[1] if len(args) > 1 else None)
+    positional = args[2:]  # refused by the model's generate, which takes no more by position: its TypeError
+    config = generation_config if generation_config is not None else model.generation_config
+    loop = kwargs.pop("decoding_loop", getattr(config, "decoding_loop", None) or "auto")
+    if loop not in DECODING_LOOPS:
+        raise ValueError(f"decoding_loop must be one of {', '.join(DECODING_LOOPS)}, got {loop!r}")
+    use_shortlist = kwargs.pop("use_shortlist", getattr(config, "use_shortlist", None) or False)
+    if use_shortlist not in (True, False):
+        raise ValueError(f"use_shortlist must be True or False, got {use_shortlist!r}")
+    if use_shortlist and getattr(model, "shortlist", None) is None:
+        raise ValueError("use_shortlist=True, but the model has no shortlist (see `vaswani shortlist`)")
+    if use_shortlist and loop == "transformers":
+        raise ValueError("use_shortlist=True needs the package's decoding loop, not decoding_loop='transformers'")
+    if loop != "transformers" and not positional:
+        request = covered_request(model, inputs, generation_config, kwargs)
+        if isinstance(request, Request):
+            if use_shortlist:
+                columns = model.shortlist.columns(request.source_ids, request.source_mask)
+                eos = torch.tensor([request.config.eos_token_id], device=columns.device)
+                request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
+            return decode(model, request)
+        if loop == "package" or use_shortlist:
+            asked = "decoding_loop='package'" if loop == "package" else "use_shortlist=True"
+            raise ValueError(f"{asked}: the package's decoding loop does not cover this call: {request}")
+    return generate_of_transformers(inputs, generation_config, *positional, **kwargs)
+
+
+def covered_request(
+    model: VaswaniForConditionalGeneration, inputs: torch.Tensor | None, generation_config, kwargs: dict
+) -> Request | str:
+    """The call resolved as transformers' `generate` resolves it, or why this loop does not cover it."""
+    generation_config, kwargs = model.paper_decoding_request(inputs, generation_config, kwargs)
+    # transformers' merge of the call's arguments, its generation config and the model's (a private helper of
+    # GenerationMixin, checked by tests/interop/test_private_api.py)
+    config, arguments = model._prepare_generation_config(generation_config, **kwargs)
+    if set(arguments) - COVERED_ARGUMENTS:
+        return f"arguments {sorted(set(arguments) - COVERED_ARGUMENTS)}"
+    source = inputs if inputs is not None else arguments.get("input_ids")
+    if source is None or (inputs is not None and "input_ids" in arguments):
+        return "a source other than input_ids"
+    processors = list(arguments.get("logits_processor") or [])
+    if any(type(processor) is not SourceLengthCapLogitsProcessor for processor in processors) or len(processors) > 1:
+        return "logits processors of the caller"
+    for name, inactive in INACTIVE_VALUES.items():
+        if getattr(config, name, None) not in inactive:
+            return f"{name}={getattr(config, name)!r}"
+    eos = config.eos_token_id
+    if isinstance(eos, list):
+        eos = eos[0] if len(eos) == 1 else None
+    unmet = {
+        "do_sample=True": config.do_sample,
+        "use_cache=False": config.use_cache is False,
+        "eos_token_id: none or several": eos is None,
+        "pad_token_id=None": config.pad_token_id is None,
+    }
+    if any(unmet.values()):
+        return next(reason for reason, holds in unmet.items() if holds)
+    if config.num_beams == 1 and config.num_return_sequences != 1:
+        return "greedy decoding with num_return_sequences > 1"
+    if config.bad_words_ids is not None and any(len(words) != 1 for words in config.bad_words_ids):
+        return "bad_words_ids of several tokens"
+    config = copy.copy(config)
+    config.eos_token_id = eos
+    max_length = generated_length_cap(model, generation_config, kwargs, config)
+    if max_length < 2:
+        return f"max_length={max_length}: no token to generate"
+    # without a mask transformers attends to the whole source of an encoder-decoder model, padding included
+    mask = arguments.get("attention_mask")
+    vocab_size = model.config.vocab_size
+    banned = banned_columns(config, vocab_size)
+    return Request(source, mask, config, banned, next(iter(processors), None), vocab_size, max_length)
+
+
+def generated_length_cap(
+    model: VaswaniForConditionalGeneration, generation_config: GenerationConfig | None, kwargs: dict, config
+) -> int:
+    """The longest output, the start token included, as transformers' `generate` sets it: max_new_tokens + 1, else a
+    max_length that the call, its config or the model's set, else the default 20 new tokens within the model's
+    max_position_embeddings."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens + 1
+    set_somewhere = (
+        kwargs.get("max_length") is not None
+        or (generation_config is not None and generation_config.max_length is not None)
+        or model.generation_config.max_length is not None
+    )
+    if set_somewhere:
+        return config.max_length
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return config.max_length + 1 if limit is None else min(config.max_length + 1, limit)
+
+
+def banned_columns(config: GenerationConfig, vocab_size: int) -> BannedColumnsLogitsProcessor | None:
+    """The bans and minimum lengths transformers' `generate` makes processors of for `config`, as one
+    BannedColumnsLogitsProcessor, or None when there are none."""
+    processors = LogitsProcessorList()
+    if config.bad_words_ids is not None:
+        processors.append(NoBadWordsLogitsProcessor(config.bad_words_ids, config.eos_token_id))
+    min_length = config.min_length if config.min_new_tokens is None else config.min_new_tokens + 1
+    if min_length is not None and min_length > 0:
+        processors.append(MinLengthLogitsProcessor(min_length, config.eos_token_id))
+    if config.min_new_tokens is not None and config.min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(1, config.min_new_tokens, config.eos_token_id))
+    merged = BannedColumnsLogitsProcessor.merging(processors, vocab_size)
+    return merged[0] if merged else None
+
+
+class Decoder:
+    """The decoder and output projection of `model` attending to one encoded batch, a step at a time; the projection
+    over the request's columns only where it lists them (a shortlist)."""
+
+    def __init__(self, model: VaswaniForConditionalGeneration, request: Request):
+        self.model = model
+        self.source_mask = request.source_mask
+        self.encoder_states = model.get_encoder()(
+            input_ids=request.source_ids, attention_mask=request.source_mask
+        ).last_hidden_state
+        self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+        self.projection = model.lm_head if request.columns is None else projection_over(model.lm_head, request.columns)
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """float32 logits (rows x columns, a tensor of their own) of the next token after each row's `tokens`."""
+        hidden = self.model.model.decoder(
+            input_ids=tokens[:, None],
+            encoder_hidden_states=self.encoder_states,
+            encoder_attention_mask=self.source_mask,
+            cache=self.cache,
+            use_cache=True,
+        ).last_hidden_state
+        return self.projection(hidden)[:, -1].float()
+
+
+# torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call (0.2 s at 37,000 x 512): each
+# int8 output projection is unpacked once. An int8 model is for inference, its weights never change.
+UNPACKED_INT8_WEIGHTS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output projection's product for `columns` only (its rows of those tokens), of its own kind: an int8
+    projection (torch.ao's dynamically quantized Linear) gives an int8 product of the same values."""
+    if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
+        if projection not in UNPACKED_INT8_WEIGHTS:
+            UNPACKED_INT8_WEIGHTS[projection] = (projection.weight(), projection.bias())
+        weight, bias = UNPACKED_INT8_WEIGHTS[projection]
+        # index_select: indexing a quantized tensor with [] dequantizes it whole first. Then the ops torch.ao's
+        # Linear runs, without building one: its constructor packs a placeholder weight as large as the listed rows
+        rows = weight.index_select(0, columns)
+        packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias[columns])
+        return partial(torch.ops.quantized.linear_dynamic, W_prepack=packed, reduce_range=True)
+    bias = None if projection.bias is None else projection.bias[columns]
+    return partial(torch.nn.functional.linear, weight=projection.weight[columns], bias=bias)
+
+
+def apply_rules(request: Request, scores: torch.Tensor, length: int) -> torch.Tensor:
+    """`scores` (changed in place) with the request's banned columns and source-length cap at a step whose hypotheses
+    hold `length` tokens, in transformers' order (its own processors, then the caller's)."""
+    if request.banned is not None:
+        banned = request.banned.banned_ids(length, request.vocab_size)
+        if banned is not None:
+            scores.index_fill_(1, column_positions(request, banned.to(scores.device)), -math.inf)
+    if request.cap is not None:
+        rows = request.cap.rows_at_cap(scores.shape[0], length)
+        if rows.numel():
+            eos = torch.tensor([request.config.eos_token_id], device=scores.device)
+            request.cap.force_end(scores, rows, int(column_positions(request, eos)[0]))
+    return scores
+
+
+def column_positions(request: Request, ids: torch.Tensor) -> torch.Tensor:
+    """Where vocabulary `ids` are among the scored columns (those not among them left out)."""
+    if request.columns is None:
+        return ids
+    positions = torch.searchsorted(request.columns, ids).clamp_(max=request.columns.numel() - 1)
+    return positions[request.columns[positions] == ids]
+
+
+@torch.no_grad()
+def decode(model: VaswaniForConditionalGeneration, request: Request):
+    """What `model.generate` returns for `request`."""
+    search = greedy_search if request.config.num_beams == 1 else beam_search
+    output = search(model, request)
+    if not request.config.return_dict_in_generate:
+        return output.sequences
+    copy_shared_cross_attention_cache(output.cache)
+    return output
+
+
+def greedy_search(model: VaswaniForConditionalGeneration, request: Request) -> GenerateEncoderDecoderOutput:
+    """transformers' greedy decoding: the processed logits' argmax; finished rows get padding until all finish."""
+    config = request.config
+    decoder = Decoder(model, request)
+    rows = request.source_ids.shape[0]
+    start = torch.full((rows,), config.decoder_start_token_id, device=request.source_ids.device)
+    tokens, scores = [start], []
+    unfinished = torch.ones(rows, dtype=torch.bool, device=start.device)
+    while True:
+        logits = apply_rules(request, decoder.next_logits(tokens[-1]), len(tokens))
+        if config.output_scores:
+            scores.append(vocabulary_scores(request, logits))
+        next_tokens = vocabulary_ids(request, logits.argmax(-1)).masked_fill_(~unfinished, config.pad_token_id)
+        tokens.append(next_tokens)
+        unfinished &= next_tokens != config.eos_token_id
+        if len(tokens) >= request.max_length or not unfinished.any():
+            break
+    return GenerateEncoderDecoderOutput(
+        sequences=torch.stack(tokens, 1), scores=tuple(scores) if config.output_scores else None, cache=decoder.cache
+    )
+
+
+def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> GenerateBeamEncoderDecoderOutput:
+    """transformers' beam search: of the best 2k continuations of a sentence's k beams, those among the first k that
+    end go to its finished hypotheses (score / length penalty) if among the best k there, the best k that do not end
+    continue; it stops as transformers' does (early_stopping True, False or "never")."""
+    config = request.config
+    beams, keep = config.num_beams, 2 * config.num_beams
+    sentences = request.source_ids.shape[0]
+    device = request.source_ids.device
+    decoder = Decoder(model, request)
+    tokens = torch.full((sentences * beams,), config.decoder_start_token_id, device=device)
+    max_length = request.max_length
+    running_scores = torch.zeros((sentences, beams), device=device)
+    running_scores[:, 1:] = -1.0e9  # the first step continues beam 0 only: the beams start alike
+    finished_scores = torch.full((sentences, beams), -1.0e9, device=device)
+    finished = torch.zeros((sentences, beams), dtype=torch.bool, device=device)
+    finished_step = torch.full((sentences, beams), -1, device=device)  # -1: an empty slot
+    finished_candidate = torch.zeros((sentences, beams), dtype=torch.long, device=device)
+    improvable = torch.ones((sentences, 1), dtype=torch.bool, device=device)
+    first_beams = torch.arange(keep, device=device) < beams
+    row_offsets = torch.arange(sentences, device=device)[:, None] * beams
+    candidates = torch.arange(keep, device=device).expand(sentences, keep)
+    history: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per step: tokens, parents, continued
+    all_scores = []
+    while True:
+        length = len(history) + 1  # tokens of each hypothesis, the start token included
+        log_probs = decoder.next_logits(tokens)
+        log_probs = apply_rules(request, torch.log_softmax(log_probs, -1, out=log_probs), length)
+        if config.output_scores:
+            all_scores.append(vocabulary_scores(request, log_probs))
+        row_best = min(keep, log_probs.shape[-1])
+        best_log_probs, best_columns = log_probs.view(sentences, beams, -1).topk(row_best, dim=-1)
+        best_tokens = vocabulary_ids(request, best_columns)
+        totals = (best_log_probs + running_scores[:, :, None]).view(sentences, -1)
+        candidate_scores, positions = totals.topk(keep, dim=-1)
+        candidate_parents = positions // row_best
+        candidate_tokens = best_tokens.view(sentences, -1).gather(1, positions)
+        ends = candidate_tokens == config.eos_token_id
+        if length + 1 >= max_length:
+            ends.fill_(True)
+
+        continuing_scores = candidate_scores + ends.to(torch.float32) * -1.0e9
+        continued = continuing_scores.topk(beams)[1]
+        running_scores = continuing_scores.gather(1, continued)
+
+        # the start token is the prompt: hypotheses ending here hold `length` generated tokens, </s> included
+        penalized = candidate_scores / (length ** penalty_exponent(length, config.length_penalty))
+        full = torch.all(finished, dim=-1, keepdim=True) & (config.early_stopping is True)
+        penalized += full.to(torch.float32) * -1.0e9
+        penalized += (~improvable).to(torch.float32) * -1.0e9
+        just_finished = ends & first_beams[None, :]
+        penalized += (~just_finished) * -1.0e9
+        merged_scores = torch.cat((finished_scores, penalized), dim=1)
+        merged = torch.topk(merged_scores, k=beams)[1]
+        finished_scores = merged_scores.gather(1, merged)
+        finished = picked(finished, just_finished, merged)
+        finished_step = picked(finished_step, torch.full_like(candidate_tokens, len(history)), merged)
+        finished_candidate = picked(finished_candidate, candidates, merged)
+        history.append((candidate_tokens, candidate_parents, continued))
+
+        continued_rows = candidate_parents.gather(1, continued) + row_offsets
+        decoder.cache.self_attention_cache.reorder_cache(continued_rows.view(-1))
+        tokens = candidate_tokens.gather(1, continued).view(-1)
+
+        # transformers' bound on what a running beam could still score (GenerationMixin._check_early_stop_heuristic)
+        bound_length = length
+        if config.early_stopping == "never" and config.length_penalty > 0.0:
+            bound_length = max_length - 1
+        best_possible = running_scores[:, :1] / (bound_length ** penalty_exponent(bound_length, config.length_penalty))
+        worst_finished = torch.where(finished, torch.min(finished_scores, dim=1, keepdim=True)[0], -1.0e9)
+        improvable = improvable & torch.any(best_possible > worst_finished, dim=-1, keepdim=True)
+        open_beams = not (bool(finished.all()) and config.early_stopping is True)
+        if not (bool(improvable.any()) and open_beams and not bool(ends.all())):
+            break
+
+    returned = config.num_return_sequences
+    sequences, beam_indices = backtrack(
+        history, finished_step[:, :returned], finished_candidate[:, :returned], row_offsets, fill_value(config)
+    )
+    start = torch.full((sequences.shape[0], 1), config.decoder_start_token_id, device=device)
+    return GenerateBeamEncoderDecoderOutput(
+        sequences=torch.cat((start, sequences), dim=1),
+        sequences_scores=finished_scores[:, :returned].reshape(-1) if config.output_scores else None,
+        scores=tuple(all_scores) if config.output_scores else None,
+        beam_indices=beam_indices,
+        cache=decoder.cache,
+    )
+
+
+def picked(kept: torch.Tensor, new: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Of `kept` (sentences x k) and `new` (sentences x 2k) side by side, the `columns` of each row."""
+    return torch.cat((kept, new), dim=1).gather(1, columns)
+
+
+def vocabulary_ids(request: Request, columns: torch.Tensor) -> torch.Tensor:
+    """The vocabulary ids of positions among the scored columns."""
+    return columns if request.columns is None else request.columns[columns]
+
+
+def vocabulary_scores(request: Request, scores: torch.Tensor) -> torch.Tensor:
+    """A copy of a step's scores over the whole vocabulary, -inf in the columns a shortlist left out (what `generate`
+    returns as `scores`)."""
+    if request.columns is None:
+        return scores.clone()
+    whole = scores.new_full((scores.shape[0], request.vocab_size), -math.inf)
+    return whole.index_copy_(1, request.columns, scores)
+
+
+def fill_value(config: GenerationConfig) -> int:
+    """What transformers' beam search writes after a hypothesis' end: the padding id unless it is 0, then </s>."""
+    return config.pad_token_id or config.eos_token_id
+
+
+def backtrack(
+    history: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    end_step: torch.Tensor,
+    end_candidate: torch.Tensor,
+    row_offsets: torch.Tensor,
+    fill: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of the hypotheses ending at candidate `end_candidate` of step `end_step` (sentences x returned),
+    as rows (sentences * returned) x longest, `fill` after each end; and transformers' `beam_indices` (the decoder
+    row each token continued, -1 after the end)."""
+    length = int(end_step.max()) + 1
+    sentences, returned = end_step.shape
+    tokens = torch.full((sentences, returned, length), fill, dtype=torch.long, device=end_step.device)
+    rows = torch.full((sentences, returned, length), -1, dtype=torch.int32, device=end_step.device)
+    candidate = end_candidate.clone()
+    for step in reversed(range(length)):
+        step_tokens, parents, _ = history[step]
+        candidate = torch.where(end_step == step, end_candidate, candidate)
+        active = end_step >= step
+        parent = parents.gather(1, candidate)
+        tokens[:, :, step] = torch.where(active, step_tokens.gather(1, candidate), fill)
+        rows[:, :, step] = torch.where(active, parent + row_offsets, -1)
+        if step > 0:
+            candidate = history[step - 1][2].gather(1, parent)
+    return tokens.flatten(0, 1), rows.flatten(0, 1)

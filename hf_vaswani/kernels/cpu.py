@@ -1,0 +1,406 @@
+"""Faster CPU kernels for the plain model of modeling_vaswani.py, attached from outside: same functions, less time.
+
+`kernelize(model)` gives a model's plain modules faster forwards, as transformers' `kernelize` and accelerate's hooks
+do: it changes the class of its nn.Linear and nn.Dropout modules to the subclasses below (no new parameters or
+buffers, so state dicts and saved folders are unchanged), sets its `loss_function` to the chunked loss on the fastest
+products, and wraps its `generate` so that each call multiplies by packed decoding weights. The package applies it
+wherever it builds or loads a model; a model loaded from the Hub as remote code is the plain one, computing the same.
+
+- `FastestKernelLinear`, `packed_weights`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or
+  oneDNN's, whichever measures fastest on the running CPU) while decoding on a CPU.
+- `product`, `LinearByFastestProducts`: the float32 CPU products of training and of many-row inference (a linear
+  layer's forward and both gradients, the loss's output projection) by oneDNN where it measures faster than torch's
+  BLAS on the running CPU.
+- `kernels_chosen_by_timing`: whether the kernels above are chosen by measurement. Timings vary with the machine's
+  load, so two runs can choose differently and round differently; under `torch.use_deterministic_algorithms` (as
+  TrainingArguments' `full_determinism` sets) torch's own kernels run instead, and a seeded run repeats bit for bit.
+- `CheapMaskDropout`: nn.Dropout with a cheaper CPU mask.
+- `FastestKernelAttention`: multi-head attention whose attention function runs in float32 under CPU autocast (bf16
+  mixed precision, `float32_attention`) and, in CPU inference with a few queries (decoding steps), as three plain
+  operators where they measure faster than torch's sdpa kernel (`few_query_attention`).
+
+These kernels are torch operators outside its public API (torch.ops.mkl, torch.ops.mkldnn): package code only.
+"""
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import cache, partial, update_wrapper
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..decoding import search as decoding_loop
+from ..model.loss_vaswani import label_smoothed_loss
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniMultiHeadAttention
+
+
+def kernelize(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` with this module's kernels attached (in place; returned for chaining). Applying it twice changes
+    nothing more. `quantization.quantize_int8` turns the linear layers back into nn.Linear for torch.ao."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = FastestKernelLinear
+        elif type(module) is nn.Dropout:
+            module.__class__ = CheapMaskDropout
+        elif type(module) is VaswaniMultiHeadAttention:
+            module.__class__ = FastestKernelAttention
+    if isinstance(model, VaswaniForConditionalGeneration):
+        model.loss_function = partial(label_smoothed_loss, product=product)
+    if isinstance(model, GenerationMixin) and "generate" not in vars(model):
+        # bound by partial, as accelerate's add_hook_to_module binds forward: a deep copy of the model (int8) then
+        # calls its own generate
+        model.generate = update_wrapper(partial(generate_with_packed_weights, model.generate), model.generate)
+    return model
+
+
+def generate_with_packed_weights(generate: Callable, *args, **kwargs):
+    """`generate(*args, **kwargs)` with its model's decoding weights packed for the call (`packed_weights`), unless
+    the caller holds them packed for many calls; by the package's decoding loop where it covers the call
+    (decoding_loop.py)."""
+    model = generate.__self__
+    with packed_weights(model):
+        if isinstance(model, VaswaniForConditionalGeneration):
+            return decoding_loop.generate(model, generate, *args, **kwargs)
+        return generate(*args, **kwargs)
+
+
+class FastestKernelLinear(nn.Linear):
+    """nn.Linear whose float32 CPU products run on the kernel measured fastest, and that multiplies few rows by a
+    pre-packed weight in CPU inference.
+
+    A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
+    are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
+    by `packed_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
+    multiplies by it instead: the same product up to float rounding (docs/performance.md). Other products go through
+    `LinearByFastestProducts`, which picks each product's kernel by measurement.
+    """
+
+    packed_weight: torch.Tensor | None = None
+    packed_kernel: str | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // self.in_features
+        if (
+            torch.compiler.is_compiling()  # first: compiled graphs keep to standard kernels and guard on no copy
+            or not kernels_chosen_by_timing()
+            or torch.is_autocast_enabled("cpu")
+            or self.weight.device.type != "cpu"
+            or self.weight.dtype != torch.float32
+        ):
+            return super().forward(input)
+        if self.packed_weight is None or rows > 256 or torch.is_grad_enabled():
+            return LinearByFastestProducts.apply(input, self.weight, self.bias)
+        flat = input.reshape(rows, self.in_features)
+        output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
+        return output.view(*input.shape[:-1], self.out_features)
+
+
+def kernels_chosen_by_timing() -> bool:
+    """Whether products may run on the kernel measured fastest here: not under torch.use_deterministic_algorithms."""
+    return not torch.are_deterministic_algorithms_enabled()
+
+
+class PackedKernel(NamedTuple):
+    available: Callable[[], bool]
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    multiply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+ROWS_HINT = 32  # the kernels pack for products of about this many rows: a beam-4 step of 8 sentences
+PACKED_KERNELS = {
+    # MKL's sgemm on its packed format: fastest of the three on Intel CPUs, where MKL runs its AVX-512 kernels
+    "mkl": PackedKernel(
+        torch.backends.mkl.is_available,
+        lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, ROWS_HINT),
+        lambda flat, packed, weight, bias: torch.ops.mkl._mkl_linear(flat, packed, weight, bias, flat.shape[0]),
+    ),
+    # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): on an AMD EPYC 2-4x
+    # MKL's few-row products, whose AVX-512 kernels MKL keeps for Intel CPUs
+    "onednn": PackedKernel(
+        torch.backends.mkldnn.is_available,
+        lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT),
+        lambda flat, packed, weight, bias: torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], ""),
+    ),
+}
+MIN_SPEEDUP = 1.1  # below this over the plain product, measurement noise could pick a kernel for nothing
+
+
+@cache
+def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> str | None:
+    """The PACKED_KERNELS entry fastest on this CPU for a weight of this shape, or None when none beats nn.Linear by
+    MIN_SPEEDUP; measured once per process, shape and thread count on products of 8 and 32 rows (greedy and beam-4
+    steps of 8 sentences).
+
+    Which kernel wins depends on the CPU (docs/performance.md), so it is measured where the model runs.
+    """
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    inputs = [torch.randn(rows, in_features) for rows in (8, ROWS_HINT)]
+    multiplies: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
+        None: partial(nn.functional.linear, weight=weight, bias=bias)
+    }
+    for name, kernel in PACKED_KERNELS.items():
+        if kernel.available():
+            multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
+    products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
+    with torch.inference_mode():
+        return fastest(products)
+
+
+def fastest(products: dict[str | None, Callable[[], object]]) -> str | None:
+    """The name of the fastest of `products` (calls computing the same thing), or None, the plain torch call, when
+    none beats it by MIN_SPEEDUP. Timed rounds alternate between the candidates, after a warm-up of each (the thread
+    pool, the libraries' buffers); the medians decide."""
+    start = time.perf_counter()
+    for call in products.values():
+        call()
+    calls = max(1, int(len(products) * 1e-3 / (time.perf_counter() - start)))  # ~1 ms per timing at least
+    seconds: dict[str | None, list[float]] = {name: [] for name in products}
+    for _ in range(5):
+        for name, call in products.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            seconds[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    winner = min(medians, key=medians.get)
+    return winner if medians[None] >= MIN_SPEEDUP * medians[winner] else None
+
+
+def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [multiply(x) for x in inputs]
+
+
+def packed_weights(model: PreTrainedModel) -> AbstractContextManager[None]:
+    """The weights of `model`'s decoder and output projection, multiplied at every decoding step, packed while the
+    block runs (`packed_decoder_weights`). A kernelized `generate` packs them for its own call; a loop of `generate`
+    calls over batches holds them packed across the loop with this, saving the packing per call (~60 ms at base
+    size). The weights must not change inside the block. A model without FastestKernelLinear layers has nothing to
+    pack."""
+    return packed_decoder_weights([model.get_decoder(), model.get_output_embeddings()])
+
+
+@contextmanager
+def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
+    """Packed copies of the float32 CPU FastestKernelLinear weights among `layers` for the duration of the block, in
+    the kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
+
+    Scoped to a block in which the weights cannot change, one `generate` call or a caller's batch loop (an in-place
+    update such as fused AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go
+    stale). Blocks nest: a weight an enclosing block packed stays packed, until that block ends.
+    """
+    linears = [
+        module
+        for layer in layers
+        for module in layer.modules()
+        if isinstance(module, FastestKernelLinear) and module.packed_weight is None
+    ]
+    threads = torch.get_num_threads()
+    for linear in linears:
+        if (
+            linear.weight.device.type == "cpu"
+            and linear.weight.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+            and kernels_chosen_by_timing()
+            and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads)) is not None
+        ):
+            linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
+            linear.packed_kernel = kernel
+    try:
+        yield
+    finally:
+        for linear in linears:
+            linear.packed_weight = linear.packed_kernel = None
+
+
+def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """a @ b.T + bias by oneDNN's inner product (its operands contiguous)."""
+    return torch.ops.mkldnn._linear_pointwise(a.contiguous(), b.contiguous(), bias, "none", [], "")
+
+
+def shape_class(*sizes: int) -> tuple[int, ...]:
+    """Each size rounded up to a power of two: the shapes one timed choice of kernel stands for."""
+    return tuple(1 << (size - 1).bit_length() for size in sizes)
+
+
+PRODUCT_KERNELS: dict[tuple, str | None] = {}  # product's choice per shape class, layout and thread count
+
+
+def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b.T + bias (nn.functional.linear) for 2-d `a` and `b`, by oneDNN where it measured faster on this CPU.
+
+    torch's float32 CPU products run on MKL where torch is built with it, and MKL keeps its AVX-512 kernels for Intel
+    CPUs; on an AMD EPYC oneDNN's inner product took 0.43x MKL's time for a training step's (768 x 512) x (512 x 2048)
+    (docs/performance.md). So the first float32 CPU product of each shape class (each size rounded up to a power of
+    two), operand layout and thread count is timed both ways on its own operands and the faster kept, oneDNN only if
+    it beats torch by MIN_SPEEDUP, its time counting the copies that make transposed operands contiguous.
+    """
+    if (
+        torch.compiler.is_compiling()  # first: inductor cannot lower oneDNN's op, and compiled graphs keep to torch's
+        or a.dtype != torch.float32
+        or a.device.type != "cpu"
+        or torch.is_autocast_enabled("cpu")
+        or not kernels_chosen_by_timing()
+        or not torch.backends.mkldnn.is_available()
+        or 0 in (*a.shape, *b.shape)
+    ):
+        return nn.functional.linear(a, b, bias)
+    layout = (a.stride(-1) == 1, b.stride(-1) == 1, bias is None)
+    key = (*shape_class(*a.shape, b.shape[0]), *layout, torch.get_num_threads())
+    if key not in PRODUCT_KERNELS:
+        with torch.no_grad():
+            products = {
+                None: partial(nn.functional.linear, a, b, bias),
+                "onednn": partial(onednn_product, a, b, bias),
+            }
+            PRODUCT_KERNELS[key] = fastest(products)
+    return (onednn_product if PRODUCT_KERNELS[key] == "onednn" else nn.functional.linear)(a, b, bias)
+
+
+class LinearByFastestProducts(torch.autograd.Function):
+    """nn.functional.linear whose three products (output, input gradient, weight gradient) each go through `product`,
+    so each runs on the kernel measured fastest for its shape on this CPU."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = input.reshape(-1, input.shape[-1])
+        ctx.save_for_backward(flat, weight)
+        ctx.input_shape, ctx.has_bias = input.shape, bias is not None
+        return product(flat, weight, bias).view(*input.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable  # oneDNN's op has no derivative of its own: a second derivative fails loudly, not silently
+    def backward(ctx, grad_output: torch.Tensor):
+        flat, weight = ctx.saved_tensors
+        grad_rows = grad_output.reshape(-1, weight.shape[0])
+        grad_input = product(grad_rows, weight.T).view(ctx.input_shape) if ctx.needs_input_grad[0] else None
+        grad_weight = product(grad_rows.T, flat.T) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias
+
+
+class CheapMaskDropout(nn.Dropout):
+    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random words.
+
+    torch's CPU bernoulli_ draws one random number per element, which made dropout about 8% of a training step; four
+    elements per draw halve its cost and the mask saved for backward is one byte per element. The drop probability is
+    rounded to a multiple of 2^-16 (0.1 becomes 0.100006), and kept values are scaled by exactly 1 / (1 - that).
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0 or input.device.type != "cpu" or self.inplace:
+            return super().forward(input)
+        dropped = round(self.p * 2**16)  # of the 2^16 values an int16 takes, those below -2^15 + dropped drop
+        words = torch.randint(-(2**63), 2**63 - 1, ((input.numel() + 3) // 4,), dtype=torch.int64)
+        keep = words.view(torch.int16)[: input.numel()].view(input.shape) >= dropped - 2**15
+        return input * keep * (2**16 / (2**16 - dropped))
+
+
+def float32_attention(
+    attention: Callable,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`attention` on float32 copies of its CPU inputs, with CPU autocast off; the output stays float32 (the output
+    projection casts it back under autocast).
+
+    torch's CPU flash attention backward in bfloat16 measured 10x its float32 time on an AMD EPYC with AVX512-BF16
+    (d_k 32, 16 positions), making bf16 training slower than fp32 there, while attention holds a few percent of a
+    step's matmul FLOPs (length / (4 d_model) of the projections'): float32 costs little anywhere and is what mixed
+    precision keeps for softmax anyway.
+    """
+    if query.device.type != "cpu":
+        return attention(module, query, key, value, attention_mask, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        return attention(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
+
+
+FEW_QUERIES = 16  # queries per sentence and head that `few_query_attention` may take: a step of up to 16 beams
+ATTENTION_KERNELS: dict[tuple, str | None] = {}  # sdpa_or_fewer_operators' choice per shape class and thread count
+
+
+def few_query_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """What torch's scaled_dot_product_attention computes without causal masking (as transformers' sdpa attention
+    function returns it, (batch, length, heads, d_v)), by a product, a softmax and a product.
+
+    torch's CPU sdpa runs a flash-attention kernel built for long queries, whose fixed cost dominates a decoding
+    step's one query per beam (docs/performance.md).
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask, -math.inf)
+    elif attention_mask is not None:
+        scores += attention_mask
+    weights = scores.softmax(-1).nan_to_num_(0.0)  # sdpa gives a query barred from every key zeros
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
+
+
+def sdpa_or_fewer_operators(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention function, or `few_query_attention` where this CPU measured it faster for the
+    shape: float32 CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a module that is
+    not causal) and no dropout. The first call of each shape class (batch x heads, queries and keys, each rounded up to
+    a power of two), mask kind and thread count is timed both ways, `fastest` deciding."""
+    queries = query.shape[2]
+    if (
+        torch.compiler.is_compiling()
+        or query.device.type != "cpu"
+        or query.dtype != torch.float32  # sdpa's kernel accumulates lower precisions in float32
+        or torch.is_grad_enabled()
+        or kwargs.get("dropout", 0.0) != 0.0
+        or queries > FEW_QUERIES
+        or (queries > 1 and module.is_causal)
+        or not kernels_chosen_by_timing()
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    mask_kind = None if attention_mask is None else attention_mask.dtype
+    sizes = shape_class(query.shape[0] * query.shape[1], queries, key.shape[2])
+    shape_key = (*sizes, mask_kind, torch.get_num_threads())
+    if shape_key not in ATTENTION_KERNELS:
+        arguments = (module, query, key, value, attention_mask)
+        ATTENTION_KERNELS[shape_key] = fastest(
+            {
+                None: partial(sdpa_attention_forward, *arguments, **kwargs),
+                "few_query": partial(few_query_attention, *arguments, **kwargs),
+            }
+        )
+    attention = few_query_attention if ATTENTION_KERNELS[shape_key] == "few_query" else sdpa_attention_forward
+    return attention(module, query, key, value, attention_mask, **kwargs)
+
+
+class FastestKernelAttention(VaswaniMultiHeadAttention):
+    """Multi-head attention whose attention function runs in float32 under CPU autocast (`float32_attention`), and
+    whose sdpa attention (the default implementation) takes few-query CPU inference to `sdpa_or_fewer_operators`.
+    Other attention implementations (eager, flex, one a caller registered) run as configured."""
+
+    def attention_function(self) -> Callable:
+        attention = super().attention_function()
+        if torch.is_autocast_enabled("cpu"):
+            return partial(float32_attention, attention)
+        if attention is sdpa_attention_forward:
+            return sdpa_or_fewer_operators
+        return attention

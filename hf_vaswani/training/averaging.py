@@ -1,0 +1,275 @@
+"""Checkpoint averaging, as in §6.1 of "Attention Is All You Need".
+
+"For the base models, we used a single model obtained by averaging the last 5 checkpoints, which were written at
+10-minute intervals. For the big models, we averaged the last 20 checkpoints."
+
+Works on the ``checkpoint-<step>`` folders that ``transformers.Trainer`` writes (or any ``save_pretrained`` folder):
+
+    from hf_vaswani.training.averaging import average_checkpoints, last_checkpoints
+
+    average_checkpoints(last_checkpoints("runs/base", 5), "runs/base/averaged")
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+__all__ = ["average_checkpoints", "last_checkpoints"]
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
+
+# Training state and weights are not copied: the averaged weights replace the latter, and resuming training from an
+# averaged model with the last checkpoint's optimizer moments would silently mix two different trajectories.
+_NOT_COPIED = (
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "optimizer*",
+    "scheduler*",
+    "scaler*",
+    "rng_state*",
+    "trainer_state.json",
+    "training_args.bin",
+    "*.pt",
+    "*.pth",
+    # DeepSpeed's pointer to its own sharded state and the script that consolidates it.
+    "latest",
+    "zero_to_fp32.py",
+)
+
+# The files that define a tokenizer: checkpoints trained with different tokenizers give token ids different meanings,
+# so their weights must not be averaged.
+_TOKENIZER_FILES = (
+    "tokenizer*.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "*.spm",
+)
+
+# config.json entries that describe how a checkpoint was saved, not the model.
+_IRRELEVANT_CONFIG_KEYS = ("transformers_version", "_name_or_path")
+
+
+def last_checkpoints(output_dir: str | Path, n: int, up_to_step: int | None = None) -> list[Path]:
+    """The ``checkpoint-<step>`` subfolders of ``output_dir`` with the ``n`` highest steps, oldest first.
+
+    With ``up_to_step``, only checkpoints of that step or earlier count (the average that ends at the best validated
+    step rather than at the last one).
+
+    Steps are compared as numbers (``checkpoint-100`` is later than ``checkpoint-20``). The latest checkpoint comes
+    last, which is the one :func:`average_checkpoints` takes its config and tokenizer from. If fewer than ``n`` exist,
+    all of them are returned with a warning, since averaging fewer checkpoints still gives a usable model.
+
+    Raises:
+        FileNotFoundError: ``output_dir`` is not a directory.
+        ValueError: ``n < 1`` or there is no checkpoint folder at all (at or before ``up_to_step``).
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise FileNotFoundError(f"{output_dir} is not a directory")
+    steps = []
+    for child in output_dir.iterdir():
+        match = _CHECKPOINT_DIR.fullmatch(child.name)
+        if match and child.is_dir():
+            steps.append((int(match.group(1)), child))
+    if not steps:
+        raise ValueError(f"no checkpoint-<step> folder in {output_dir}")
+    if up_to_step is not None:
+        steps = [(step, path) for step, path in steps if step <= up_to_step]
+        if not steps:
+            raise ValueError(f"no checkpoint-<step> folder of step {up_to_step} or earlier in {output_dir}")
+    steps.sort()
+    if len(steps) < n:
+        warnings.warn(f"asked for the last {n} checkpoints but {output_dir} holds only {len(steps)}", stacklevel=2)
+    return [path for _, path in steps[-n:]]
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator:
+    """`safe_open(path)`, refusing a truncated or corrupt file with an error that names it."""
+    try:
+        handle = safe_open(path, framework="pt")
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated?): {error}") from error
+    with handle:
+        yield handle
+
+
+def _check_same_model_files(first: Path, checkpoint: Path) -> None:
+    """Refuses checkpoints whose tokenizers or configs differ: their weights belong to different models."""
+    for source in sorted(first.iterdir()):
+        other = checkpoint / source.name
+        if not any(fnmatch.fnmatch(source.name, pattern) for pattern in _TOKENIZER_FILES) or not other.is_file():
+            continue
+        if source.read_bytes() != other.read_bytes():
+            raise ValueError(f"checkpoints {first} and {checkpoint} have different tokenizers: {source.name} differs")
+    if (first / "config.json").is_file() and (checkpoint / "config.json").is_file():
+        configs = [json.loads((path / "config.json").read_text()) for path in (first, checkpoint)]
+        for config in configs:
+            for key in _IRRELEVANT_CONFIG_KEYS:
+                config.pop(key, None)
+        differing = sorted(
+            key for key in configs[0].keys() | configs[1].keys() if configs[0].get(key) != configs[1].get(key)
+        )
+        if differing:
+            raise ValueError(f"checkpoints {first} and {checkpoint} have different configs: {differing} differ")
+
+
+def _weight_files(checkpoint: Path) -> dict[str, Path]:
+    """Maps each tensor name of a checkpoint to the safetensors file holding it."""
+    single = checkpoint / WEIGHTS_NAME
+    index = checkpoint / WEIGHTS_INDEX_NAME
+    if single.is_file():
+        with _opened(single) as handle:
+            return dict.fromkeys(handle.keys(), single)
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: checkpoint / shard for name, shard in weight_map.items()}
+    raise FileNotFoundError(f"{checkpoint} holds neither {WEIGHTS_NAME} nor {WEIGHTS_INDEX_NAME}")
+
+
+def _headers(files: dict[str, Path]) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
+    """Shape and dtype of every tensor, and the file metadata, read from the headers without loading any tensor."""
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        by_file.setdefault(path, []).append(name)
+    headers: dict[str, tuple[list[int], str]] = {}
+    metadata: dict[str, str] = {}
+    for path, names in by_file.items():
+        with _opened(path) as handle:
+            metadata = metadata or (handle.metadata() or {})
+            for name in names:
+                tensor_slice = handle.get_slice(name)
+                headers[name] = (list(tensor_slice.get_shape()), tensor_slice.get_dtype())
+    return headers, metadata
+
+
+def _check_compatible(
+    reference: dict[str, tuple[list[int], str]],
+    headers: dict[str, tuple[list[int], str]],
+    first: Path,
+    checkpoint: Path,
+) -> None:
+    missing = sorted(reference.keys() - headers.keys())
+    if missing:
+        raise ValueError(f"checkpoint {checkpoint} lacks tensor {missing[0]!r} present in {first}")
+    extra = sorted(headers.keys() - reference.keys())
+    if extra:
+        raise ValueError(f"checkpoint {checkpoint} has tensor {extra[0]!r} absent from {first}")
+    for name in sorted(reference):
+        if headers[name] != reference[name]:
+            (shape, dtype), (ref_shape, ref_dtype) = headers[name], reference[name]
+            raise ValueError(
+                f"checkpoint {checkpoint}: tensor {name!r} has shape {shape} and dtype {dtype}, "
+                f"but shape {ref_shape} and dtype {ref_dtype} in {first}"
+            )
+
+
+def _tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        by_file.setdefault(path, []).append(name)
+    tensors = {}
+    for path, names in by_file.items():
+        with _opened(path) as handle:
+            for name in names:
+                tensors[name] = handle.get_tensor(name)
+    return tensors
+
+
+def _clear_weights(output_dir: Path) -> None:
+    # A stale shard index left in output_dir could make loaders read old weights next to the new model.safetensors.
+    index = output_dir / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        for shard in set(json.loads(index.read_text()).get("weight_map", {}).values()):
+            (output_dir / shard).unlink(missing_ok=True)
+        index.unlink()
+    (output_dir / WEIGHTS_NAME).unlink(missing_ok=True)
+
+
+def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Path) -> Path:
+    """Writes the element-wise mean of the checkpoints' weights to ``output_dir`` as a loadable model folder.
+
+    Each checkpoint is a ``save_pretrained`` folder with ``model.safetensors`` or a sharded
+    ``model.safetensors.index.json``. All must hold the same tensor names, shapes and dtypes. Floating-point tensors are
+    summed in float64 and the mean is cast back to the original dtype, so averaging many bf16/fp16 checkpoints loses no
+    precision on the way; integer and boolean tensors (counters, masks) have no meaningful mean and must be identical.
+    Tied weights are stored once by ``save_pretrained`` and so stay tied after loading.
+
+    The result is a single ``model.safetensors`` with the first file's metadata (``{"format": "pt"}``), plus every other
+    file of the *last* checkpoint that makes the folder loadable (config, generation config, tokenizer, remote-code
+    modules, model card); optimizer, scheduler, scaler, RNG and trainer state are left out. Subfolders are not copied.
+
+    Returns:
+        ``output_dir`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: no checkpoints (or one path instead of a list), mismatched tensors (naming the checkpoint and
+            the tensor), differing integer tensors, differing tokenizer files or configs, a truncated weights file
+            (naming it), or ``output_dir`` is one of the checkpoints.
+        FileNotFoundError: a checkpoint has no safetensors weights.
+    """
+    if isinstance(checkpoints, (str, os.PathLike)):  # a str is a Sequence too: each character would be a folder
+        raise ValueError(f"checkpoints must be a list of checkpoint folders, not one path: pass [{str(checkpoints)!r}]")
+    if not checkpoints:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    paths = [Path(checkpoint) for checkpoint in checkpoints]
+    output_dir = Path(output_dir)
+    if any(output_dir.resolve() == path.resolve() for path in paths):
+        raise ValueError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose a new folder")
+
+    # Check every header before reading any tensor, so a mismatch fails fast on large checkpoints.
+    files = [_weight_files(path) for path in paths]
+    reference, metadata = _headers(files[0])
+    for path, checkpoint_files in zip(paths[1:], files[1:], strict=True):
+        _check_compatible(reference, _headers(checkpoint_files)[0], paths[0], path)
+        _check_same_model_files(paths[0], path)
+
+    # Streaming one checkpoint at a time keeps memory at one float64 copy plus one checkpoint, whatever their number.
+    first = _tensors(files[0])
+    dtypes = {name: tensor.dtype for name, tensor in first.items()}
+    sums = {name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor for name, tensor in first.items()}
+    del first
+    for path, checkpoint_files in zip(paths[1:], files[1:], strict=True):
+        for name, tensor in _tensors(checkpoint_files).items():
+            if dtypes[name].is_floating_point:
+                sums[name] += tensor.to(torch.float64)
+            elif not torch.equal(sums[name], tensor):
+                raise ValueError(
+                    f"checkpoint {path}: non-floating tensor {name!r} ({dtypes[name]}) differs from {paths[0]}; "
+                    "integer tensors cannot be averaged"
+                )
+    averaged = {
+        name: (total / len(paths)).to(dtypes[name]) if dtypes[name].is_floating_point else total
+        for name, total in sums.items()
+    }
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _clear_weights(output_dir)
+    tensors = {name: tensor.contiguous() for name, tensor in averaged.items()}
+    save_file(tensors, output_dir / WEIGHTS_NAME, metadata={"format": "pt", **metadata})
+    for source in sorted(paths[-1].iterdir()):
+        if source.is_file() and not any(fnmatch.fnmatch(source.name, pattern) for pattern in _NOT_COPIED):
+            shutil.copy2(source, output_dir / source.name)
+    return output_dir

@@ -1,0 +1,83 @@
+"""The training precision: fp32, fp16, bf16, or bf16 where a probe measures it clearly faster on this CPU."""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from ..interop.model_card import cpu_model_name
+from ..kernels.cpu import kernelize
+from ..model.configuration_vaswani import VaswaniConfig
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from .settings import RecipeSettings, model_config, setting_flag
+
+
+def cpu_bf16_matmul_works() -> bool:
+    """Whether a bfloat16 matmul runs on this CPU, tried in a child process since the failure is a crash (SIGILL)."""
+    probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+BF16_MIN_SPEEDUP = 1.1  # bf16 rounds more: take it only for a clear win, not for measurement noise
+
+
+def bf16_training_seconds(config: VaswaniConfig, max_tokens: int, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of one training forward and backward pass of a `config` model in float32 ("fp32") and in bf16
+    mixed precision ("bf16") on this CPU, for a batch of about `max_tokens` random tokens on each side.
+
+    Which is faster depends on the CPU: bfloat16 matmuls run at about twice float32's rate with AVX512-BF16 or AMX and
+    are emulated elsewhere, so `vaswani train --bf16-if-faster` measures rather than guesses. Rounds alternate between
+    the two after a warm-up; a few seconds at Multi30k's model size. Call only where `cpu_bf16_matmul_works()`.
+    """
+    generator = torch.Generator().manual_seed(0)
+    model = kernelize(VaswaniForConditionalGeneration(config))  # as the recipe builds it
+    model.train()
+    length = 24
+    tokens = torch.randint(4, config.vocab_size, (2, max(1, max_tokens // length), length), generator=generator)
+    batch = {"input_ids": tokens[0], "labels": tokens[1]}
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch, return_logits=False).loss  # as VaswaniTrainer trains
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for bf16 in (False, True):  # warm-up: the thread pool, the libraries' buffers, the autocast weight casts
+        step(bf16)
+    for _ in range(rounds):
+        for name in seconds:
+            seconds[name].append(step(name == "bf16"))
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def training_precision(settings: RecipeSettings) -> str:
+    """ "fp32", "bf16" or "fp16": as set, or with `bf16_if_faster` as measured here (one line on stderr says which)."""
+    if not settings.bf16_if_faster:
+        return "bf16" if settings.bf16 else "fp16" if settings.fp16 else "fp32"
+    flag = setting_flag("bf16_if_faster")
+    if torch.cuda.is_available():  # bf16 tensor cores: faster wherever the GPU has them
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        print(f"{flag}: {precision} (on {torch.cuda.get_device_name()})", file=sys.stderr)
+        return precision
+    if torch.backends.mps.is_available():
+        raise ValueError(f"{flag} measures CPU training; on MPS pass {setting_flag('bf16')} or nothing")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would measure, and they could disagree
+        raise ValueError(f"{flag} measures in one process; with several, pass {setting_flag('bf16')} or nothing")
+    if not cpu_bf16_matmul_works():
+        print(f"{flag}: fp32 (a bfloat16 matmul traps on this CPU)", file=sys.stderr)
+        return "fp32"
+    config = model_config(settings, vocab_size=settings.vocab_size)
+    seconds = bf16_training_seconds(config, settings.max_tokens)
+    precision = "bf16" if seconds["fp32"] >= BF16_MIN_SPEEDUP * seconds["bf16"] else "fp32"
+    print(
+        f"{flag}: {precision} (a training step {seconds['bf16']:.3f} s in bf16, {seconds['fp32']:.3f} s in fp32 on "
+        f"{cpu_model_name()})",
+        file=sys.stderr,
+    )
+    return precision

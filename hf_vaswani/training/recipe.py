@@ -1,0 +1,373 @@
+"""From a parallel corpus to a trained, averaged, scored and Hub-ready model folder with the paper's recipe."""
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from datasets import DatasetDict
+from transformers import (
+    DataCollatorForSeq2Seq,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainingArguments,
+    TrainerState,
+    set_seed,
+)
+
+from .. import save_model_folder
+from ..data.bpe_dropout import BpeDropoutPairs
+from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
+from ..decoding.scoring import translate_and_score
+from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
+from ..files import replace_folder, write_text
+from ..interop.model_card import cpu_model_name, gpu_name, write_model_card
+from ..kernels.cpu import kernelize
+from ..model.generation_vaswani import paper_generation_config
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..plots import plot_training_curves
+from .callbacks import (
+    VALIDATION_LOSS_KEYS,
+    CheckpointAveragingCallback,
+    ValidationBleuCallback,
+    ValidationLossCallback,
+    best_validation,
+    best_validation_loss,
+)
+from .checkpoints import TRAINER_STATE, newest_complete_checkpoint, training_ended
+from .precision import training_precision
+from .run_folder import (
+    RUN_RECORD,
+    TOKENIZER_FOLDER,
+    check_output_dir,
+    claimed_run_folder,
+    corpus_fingerprint,
+    is_main_process,
+    remove_run,
+)
+from .schedule import TrainingTimeBudgetCallback
+from .settings import RecipeSettings, model_config, setting_flag
+from .trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+
+VALIDATION_SCORES = ("eval_bleu", "eval_lowercased_tokenized_bleu")  # what ValidationBleuCallback logs
+
+
+def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
+    """The configured model with the tokenizer's vocabulary and special ids, and the settings' decoding, its CPU
+    kernels attached (`kernelize`).
+
+    The model's generation config is the paper's (§6.1; a new model has transformers' defaults), with the decoding
+    settings given on top; the checkpoints and the final model folder carry it.
+    """
+    config = model_config(
+        settings,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = kernelize(VaswaniForConditionalGeneration(config))
+    decoding = {
+        name: value
+        for name in ("num_beams", "length_penalty", "length_penalty_type")
+        if (value := getattr(settings, name)) is not None
+    }
+    model.generation_config = paper_generation_config(config, **decoding)
+    return model
+
+
+def run_recipe(
+    corpus: DatasetDict,
+    output_dir: str | Path,
+    settings: RecipeSettings,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    dataset_name: str = "custom",
+    resume: bool = False,
+    overwrite: bool = False,
+    command: str = "hf_vaswani.training.recipe.run_recipe",
+) -> dict:
+    """Train tokenizer and model, average the last checkpoints, translate the test split and write everything.
+
+    Writes `output_dir/run.json` (settings and corpus fingerprint) and `output_dir/tokenizer` first, the checkpoints
+    under `output_dir/checkpoints`, then `output_dir/model` (Hub-ready: weights, tokenizer, generation config, model
+    card, remote code), `output_dir/results.json` and `output_dir/training_curves.png`; the model folder, results and
+    averaged weights each appear whole or not at all. A folder holding a previous run is refused unless `resume` or
+    `overwrite` says what to do with it (`check_output_dir`). With `resume`, training continues from the newest complete
+    checkpoint there (weights, optimizer, schedule, data position and random state) with the run's tokenizer, ending
+    where an uninterrupted run would; a different training corpus is refused.
+    """
+    validates = settings.eval_bleu_steps or settings.early_stopping_metric == "loss"
+    for split in ("train", "test") + (("validation",) if validates else ()):
+        if split not in corpus:
+            raise ValueError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
+    with claimed_run_folder(output_dir):
+        return train_and_write(
+            corpus, Path(output_dir), settings, source_lang, target_lang, dataset_name, resume, overwrite, command
+        )
+
+
+def train_and_write(
+    corpus: DatasetDict,
+    output_dir: Path,
+    settings: RecipeSettings,
+    source_lang: str,
+    target_lang: str,
+    dataset_name: str,
+    resume: bool,
+    overwrite: bool,
+    command: str,
+) -> dict:
+    """`run_recipe`'s work, in the output folder it holds."""
+    started = time.perf_counter()
+    previous_run = check_output_dir(output_dir, settings, resume, overwrite)
+    fingerprint = corpus_fingerprint(corpus["train"])
+    if previous_run and previous_run["train_corpus_sha256"] != fingerprint:
+        raise ValueError(
+            f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
+            f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
+        )
+    if settings.max_train_minutes is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
+    if settings.bpe_dropout is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"{setting_flag('bpe_dropout')} segments in one process; with several, train without it")
+    precision = training_precision(settings)
+    # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
+    args = training_arguments(settings, output_dir / "checkpoints", precision)
+    if overwrite and is_main_process():
+        remove_run(output_dir)
+    tokenizer_dir = output_dir / TOKENIZER_FOLDER
+    if resume and tokenizer_dir.is_dir():
+        # the run's own vocabulary (a retrained BPE could give the weights other ids), saving as it did before
+        tokenizer = load_trained_bpe(tokenizer_dir)
+    else:
+        tokenizer = train_shared_bpe_from_dataset(
+            corpus["train"], vocab_size=settings.vocab_size, kind=settings.bpe, merges=settings.bpe_merges
+        )
+    if is_main_process():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # The record first: a run killed before its tokenizer is saved resumes by training the same one again.
+        record = {"settings": asdict(settings), "train_corpus_sha256": fingerprint, "train_pairs": len(corpus["train"])}
+        write_text(output_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+        if not tokenizer_dir.is_dir():
+            replace_folder(tokenizer_dir, tokenizer.save_pretrained)
+    set_seed(settings.seed)  # the initial weights too are a function of the seed
+    model = build_model(settings, tokenizer)
+    if settings.bpe_dropout is None:
+        tokenized = tokenize_corpus(corpus["train"], tokenizer)
+    else:
+        tokenized = BpeDropoutPairs(
+            corpus["train"]["source"], corpus["train"]["target"], tokenizer, settings.bpe_dropout
+        )
+    bleu_patience = settings.early_stopping_patience if settings.early_stopping_metric == "bleu" else None
+    averaging = CheckpointAveragingCallback(settings.average_last, end_at_best_validation=bleu_patience is not None)
+    trainer = VaswaniTrainer(
+        model=model,
+        args=args,
+        train_dataset=tokenized,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        max_tokens=settings.max_tokens,
+        cooldown_steps=settings.cooldown_steps,
+        callbacks=[averaging],
+    )
+    if settings.max_train_minutes is not None:
+        trainer.add_callback(TrainingTimeBudgetCallback(settings.max_train_minutes))
+    validation = None
+    if settings.eval_bleu_steps:
+        pairs = corpus["validation"]
+        if settings.eval_bleu_sample:
+            pairs = pairs.select(range(min(settings.eval_bleu_sample, len(pairs))))
+        validation = ValidationBleuCallback(
+            tokenizer,
+            pairs["source"],
+            pairs["target"],
+            target_lang,
+            settings.eval_bleu_steps,
+            log=trainer.log,
+            num_beams=settings.eval_bleu_num_beams,
+            batch_size=settings.eval_batch_size,
+            early_stopping_patience=bleu_patience,
+        )
+        trainer.add_callback(validation)
+    if settings.early_stopping_metric == "loss":  # last: it validates at the checkpoints the callbacks above ask for
+        trainer.add_callback(
+            ValidationLossCallback(
+                tokenize_corpus(corpus["validation"], tokenizer),
+                trainer.data_collator,
+                settings.max_tokens,
+                settings.label_smoothing,
+                log=trainer.log,
+                early_stopping_patience=settings.early_stopping_patience,
+            )
+        )
+    if settings.save_every_epoch:
+        check_epoch_checkpoints(
+            settings,
+            updates_per_epoch=math.ceil(len(trainer.get_train_dataloader()) / args.gradient_accumulation_steps),
+        )
+    # Only the main process moves incomplete checkpoints aside; the others skip them where it has not yet.
+    checkpoint = newest_complete_checkpoint(args.output_dir, move_aside=is_main_process()) if resume else None
+    if checkpoint is not None and training_ended(checkpoint):
+        # Only the end is left to do. Trainer would take a step past the end from a checkpoint saved mid-epoch.
+        trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE))
+        if trainer.is_world_process_zero():
+            averaging.on_train_end(trainer.args, trainer.state, trainer.control)
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    train_seconds = time.perf_counter() - started
+    if not trainer.is_world_process_zero():
+        return {}
+
+    # The averaged folder carries the last checkpoint's generation config (the paper's decoding).
+    model = kernelize(VaswaniForConditionalGeneration.from_pretrained(averaging.averaged_path).to(trainer.args.device))
+    sources, references = corpus["test"]["source"], corpus["test"]["target"]
+    hypotheses, scores = translate_and_score(
+        model, tokenizer, sources, references, target_lang, batch_size=settings.eval_batch_size
+    )
+
+    results = {
+        "bleu": round(scores["bleu"], 2),
+        "chrf": round(scores["chrf"], 2),
+        "tokenized_bleu": round(scores["tokenized_bleu"], 2),
+        "lowercased_tokenized_bleu": round(scores["lowercased_tokenized_bleu"], 2),
+        "bleu_signature": scores["bleu_signature"],
+        "chrf_signature": scores["chrf_signature"],
+        "lowercased_tokenized_bleu_signature": scores["lowercased_tokenized_bleu_signature"],
+        # fairseq's BLEU on whitespace tokens: the published Multi30k number when the text was prepared for it
+        "whitespace_bleu": round(scores["whitespace_bleu"], 2),
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "steps": trainer.state.global_step,
+        # the last logged, not Trainer's mean over this process's steps, which a resumed run would cut short
+        "final_training_loss": round(last_logged_loss(trainer.state.log_history), 4),
+        "training_precision": precision,
+        "parameters": model.num_parameters(),
+        "test_sentences": len(sources),
+        "averaged_checkpoints": [checkpoint.name for checkpoint in averaging.checkpoints],
+        "validation": validation_summary(trainer.state.log_history) if validation else None,
+        "validation_loss": (
+            validation_loss_summary(trainer.state.log_history) if settings.early_stopping_metric == "loss" else None
+        ),
+        "settings": asdict(settings),
+        # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one
+        "cpu": cpu_model_name(),
+        "gpu": gpu_name(trainer.args.device),
+        "command": command,
+        # what the settings left to the preset and the paper, as the saved config and generation config hold it
+        "label_smoothing": settings.label_smoothing,
+        "num_beams": model.generation_config.num_beams,
+        "length_penalty": model.generation_config.length_penalty,
+        "length_penalty_type": model.generation_config.length_penalty_type,
+        "examples": [
+            {"source": s, "reference": r, "translation": h}
+            for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
+        ],
+    }
+    model_dir = output_dir / "model"
+
+    shortlist = None
+    if settings.build_shortlist:
+        train = corpus["train"]
+        sizes = (len(tokenizer), SHORTLIST_PER_SOURCE, SHORTLIST_FREQUENT)
+        shortlist = shortlist_of_corpus(tokenizer, list(train["source"]), list(train["target"]), *sizes)
+
+    def write_model_folder(folder: Path) -> None:
+        save_model_folder(model, tokenizer, folder)
+        if shortlist is not None:
+            shortlist.save(folder)
+        card_fields = (model.config, settings, results, source_lang, target_lang, dataset_name, sources[0])
+        write_model_card(folder, *card_fields, model_name=model_dir.name)
+
+    replace_folder(model_dir, write_model_folder)
+    write_text(output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    plot_training_curves(trainer.state.log_history, output_dir / "training_curves.png")
+    return results
+
+
+def validation_summary(log_history: list[dict]) -> dict:
+    """Validation BLEU (greedy unless eval_bleu_num_beams) at every evaluation and the step where it was best."""
+    curve = [
+        {key: round(entry[key], 2) for key in ("step", "elapsed_minutes", *VALIDATION_SCORES)}
+        for entry in log_history
+        if VALIDATION_SCORES[0] in entry
+    ]
+    best = best_validation(log_history)
+    return {
+        "best_step": best["step"] if best else None,
+        "best_bleu": round(best[VALIDATION_SCORES[0]], 2) if best else None,
+        "curve": curve,
+    }
+
+
+def validation_loss_summary(log_history: list[dict]) -> dict:
+    """The validation loss and cross-entropy per target token (nats) at every validation, and where it was lowest."""
+    curve = [
+        {
+            "step": entry["step"],
+            "epoch": round(entry["epoch"], 2),
+            **{key: round(entry[key], 4) for key in VALIDATION_LOSS_KEYS},
+        }
+        for entry in log_history
+        if all(key in entry for key in VALIDATION_LOSS_KEYS)
+    ]
+    best = best_validation_loss(log_history)
+    return {
+        "best_step": best["step"] if best else None,
+        "best_loss": round(best["eval_loss"], 4) if best else None,
+        "curve": curve,
+    }
+
+
+def last_logged_loss(log_history: list[dict]) -> float:
+    """The training loss of the last logging interval (a resumed run has the log history from its checkpoint)."""
+    return next(entry["loss"] for entry in reversed(log_history) if "loss" in entry)
+
+
+def training_arguments(settings: RecipeSettings, output_dir: Path, precision: str) -> Seq2SeqTrainingArguments:
+    """The Trainer's arguments of a run: the paper's (`paper_training_arguments`) with the settings', checkpoints in
+    `output_dir`, training in `precision` ("bf16", "fp16" or "fp32")."""
+    return paper_training_arguments(
+        output_dir,
+        max_steps=settings.max_steps,
+        warmup_steps=settings.warmup_steps,
+        learning_rate=settings.learning_rate_scale,  # VaswaniTrainer multiplies Eq. 3 by it
+        adam_epsilon=settings.adam_epsilon,
+        max_grad_norm=settings.max_grad_norm or 0.0,  # 0: Trainer clips nothing
+        label_smoothing_factor=settings.label_smoothing,
+        gradient_accumulation_steps=settings.update_freq,
+        save_strategy="epoch" if settings.save_every_epoch else "steps",
+        save_steps=settings.save_steps,
+        save_total_limit=checkpoints_to_keep(settings),
+        logging_steps=settings.logging_steps,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        full_determinism=settings.full_determinism,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        dataloader_num_workers=0,
+    )
+
+
+def check_epoch_checkpoints(settings: RecipeSettings, updates_per_epoch: int) -> None:
+    """Refuse, in one ValueError line, a run with --save-every-epoch that would save fewer checkpoints than it averages:
+    one at the end of each epoch, the last (maybe partial) one ending at max_steps."""
+    epochs = math.ceil(settings.max_steps / updates_per_epoch)
+    if epochs < settings.average_last:
+        raise ValueError(
+            f"averaging the last {settings.average_last} checkpoints ({setting_flag('average_last')}) with "
+            f"{setting_flag('save_every_epoch')} needs {settings.average_last} epochs, but {setting_flag('max_steps')} "
+            f"{settings.max_steps} at {updates_per_epoch} updates per epoch makes {epochs}"
+        )
+
+
+def checkpoints_to_keep(settings: RecipeSettings) -> int:
+    """Checkpoints the run keeps on disk (Trainer's `save_total_limit`): those averaged, and with early stopping on
+    validation BLEU also those saved after the best step until training stops (`patience` evaluations, each a
+    checkpoint every `save_steps`, plus the one saved at the stop), so that the average can end at the best step.
+    Early stopping on the validation loss averages the last checkpoints at the stop: those averaged are enough."""
+    if settings.early_stopping_patience is None or settings.early_stopping_metric == "loss":
+        return settings.average_last
+    saves_per_evaluation = -(-settings.eval_bleu_steps // settings.save_steps)
+    return settings.average_last + settings.early_stopping_patience * saves_per_evaluation + 1

@@ -1,0 +1,192 @@
+"""The paper's training recipe (§5) on transformers' Seq2SeqTrainer.
+
+Stock pieces do most of the work: Seq2SeqTrainer runs the loop, `DataCollatorForSeq2Seq` pads, AdamW with zero weight
+decay is the paper's Adam (§5.3: beta1 0.9, beta2 0.98, eps 1e-9), `label_smoothing_factor` is §5.4's label smoothing
+(the model computes the smoothed loss) and `gradient_accumulation_steps` is fairseq's `update_freq`. Written here
+because transformers lacks them: batches of about `max_tokens` source and target tokens (§5.1, `TokenBatchSampler`)
+and the exact learning-rate formula (§5.3, Eq. 3, `paper_lr_scheduler`).
+"""
+
+import inspect
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from datasets import Dataset, DatasetDict
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from ..data.batching import TokenBatchSampler
+from ..data.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
+from .precision import cpu_bf16_matmul_works
+from .schedule import paper_lr_scheduler
+
+
+def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrainingArguments:
+    """Seq2SeqTrainingArguments with §5.3's Adam, §5.4's label smoothing and the paper's schedule multiplier; any
+    argument can be overridden."""
+    settings = dict(
+        output_dir=str(output_dir),
+        optim="adamw_torch_fused",  # one kernel for the whole update, CPU included
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_epsilon=1e-9,
+        weight_decay=0.0,
+        learning_rate=1.0,  # multiplies Eq. 3 in VaswaniTrainer
+        label_smoothing_factor=0.1,
+        warmup_steps=4000,
+        max_grad_norm=0.0,  # the paper clips nothing
+        save_strategy="steps",
+        report_to=[],
+        # On a machine without an accelerator this also makes several processes (torchrun, accelerate launch) talk
+        # over gloo; without it each process would train alone.
+        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
+        ddp_find_unused_parameters=False,  # every parameter takes part in every step
+    )
+    arguments = {**settings, **overrides}
+    if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():
+        raise ValueError(
+            "bf16 on this CPU: a bfloat16 matmul stops the process with an illegal instruction (the CPU advertises AMX "
+            "that this machine does not enable, as on some virtual machines). Set ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 "
+            "in the environment to use AVX-512 BF16 without AMX, or train in fp32."
+        )
+    return Seq2SeqTrainingArguments(**arguments)
+
+
+def tokenize_corpus(corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenizerBase) -> DatasetDict | Dataset:
+    """`source`/`target` text columns to `input_ids`, `attention_mask` and `labels` (each ending with </s>)."""
+
+    def encode(batch: dict[str, list[str]]) -> dict:
+        return tokenizer(batch["source"], text_target=batch["target"])
+
+    columns = corpus.column_names
+    if isinstance(columns, dict):
+        columns = next(iter(columns.values()))
+    return corpus.map(encode, batched=True, remove_columns=columns, desc="Tokenizing")
+
+
+def tied_copies_are_loaded(model: PreTrainedModel, load_result: NamedTuple) -> None:
+    """A `load_state_dict` post hook: a tied weight whose source was loaded is not missing (a checkpoint stores a tied
+    weight once, under its source: lm_head.weight is the shared embedding), though strict=False reports it missing."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    missing = set(load_result.missing_keys)
+    falsely_missing = {target for target, source in tied.items() if target in missing and source not in missing}
+    if falsely_missing:
+        model.tie_weights()
+        load_result.missing_keys[:] = [key for key in load_result.missing_keys if key not in falsely_missing]
+
+
+class VaswaniTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer with the paper's token-based batches (§5.1) and learning-rate schedule (§5.3, Eq. 3).
+
+    With `max_tokens`, each training batch holds sentence pairs of similar length with at most `max_tokens` (padded)
+    source tokens and as many target tokens, sharded over processes so that each pair is seen once per epoch;
+    `per_device_train_batch_size` is then unused. The schedule uses `args.warmup_steps` and the model's d_model, scaled
+    by `args.learning_rate`, and with `cooldown_steps` falls linearly to zero over the run's last steps
+    (`paper_lr_scheduler`).
+
+    Training steps smooth the loss by `args.label_smoothing_factor` (§5.4) in the model's own chunked loss, which never
+    holds the full-vocabulary logits (0: the model's loss as configured); evaluation reports the model's loss, the
+    cross-entropy unless its config sets smoothing. Each training log entry has `nll_loss` beside `loss`: the
+    cross-entropy of the target tokens of the same steps, all processes' (fairseq logs both), in nats per token; its
+    exp is the training perplexity.
+    """
+
+    def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if max_tokens is not None and max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.cooldown_steps = cooldown_steps
+        # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
+        self.model.register_load_state_dict_post_hook(tied_copies_are_loaded)
+        # The model smooths its own loss (compute_loss): Trainer's LabelSmoother would need the logits.
+        self.label_smoother = None
+        self._batch_nll_and_tokens: torch.Tensor | None = None  # the last training batch's NLL sum and token count
+        self._logged_nll_and_tokens: torch.Tensor | None = None  # their sums since the last training log
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        if self.max_tokens is None:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset
+        if isinstance(dataset, BpeDropoutPairs):
+            if self.args.world_size > 1:  # the processes' segmentations, and so their batches, would differ
+                raise ValueError("BPE-dropout segments in one process; with several, train without it")
+            sampler = resegmented_batch_sampler(dataset, self.max_tokens, seed=self.args.seed)
+        else:
+            if self.args.remove_unused_columns:  # as Trainer's own loader: the collator gets only what forward takes
+                forward = inspect.signature(self.model.forward).parameters
+                dataset = dataset.remove_columns([name for name in dataset.column_names if name not in forward])
+            sampler = TokenBatchSampler(
+                [len(ids) for ids in dataset["input_ids"]],
+                [len(ids) for ids in dataset["labels"]],
+                max_tokens=self.max_tokens,
+                seed=self.args.seed,
+                num_replicas=self.args.world_size,
+                rank=self.args.process_index,
+            )
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives each rank its own batches; accelerate's BatchSamplerShard would shard them again.
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    def train(self, *args, **kwargs):
+        self._logged_nll_and_tokens = None  # as Trainer starts its loss sum afresh
+        return super().train(*args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        # Training reads only the loss: the model then never holds the full-vocabulary logits (loss_vaswani.py).
+        if not return_outputs:
+            inputs = {**inputs, "return_logits": False}
+        if model.training and self.args.label_smoothing_factor:
+            inputs = {**inputs, "smoothing": self.args.label_smoothing_factor}
+        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+        if model.training:
+            # The model divides its NLL sum by num_items_in_batch (else by its own count), and Trainer scales the loss,
+            # not the NLL: this batch's sum and tokens, the padding id left out as the model leaves it out
+            labels, pad_token_id = inputs["labels"], self.model.config.pad_token_id
+            tokens = ((labels != -100) & (labels != pad_token_id)).sum()
+            nll = outputs["nll_loss"].sum()  # summed over the devices of torch.nn.DataParallel
+            nll_sum = nll * (tokens if num_items_in_batch is None else num_items_in_batch)
+            self._batch_nll_and_tokens = torch.stack([nll_sum, tokens.to(nll.dtype)])
+        return (loss, outputs) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        batch = self._batch_nll_and_tokens
+        if self.args.logging_nan_inf_filter:  # Trainer logs a non-finite step as the mean so far: left out here
+            batch = torch.where(torch.isfinite(loss), batch, 0.0)
+        if self._logged_nll_and_tokens is None:
+            self._logged_nll_and_tokens = torch.zeros_like(batch)
+        self._logged_nll_and_tokens += batch
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._logged_nll_and_tokens is not None:  # a training log, on every process at once
+            nll_sum, tokens = self.accelerator.gather(self._logged_nll_and_tokens).view(-1, 2).sum(0).tolist()
+            self._logged_nll_and_tokens = None
+            if tokens:  # every token of the steps since the last log, on every process, weighted alike (as fairseq)
+                logs = {"loss": logs["loss"], "nll_loss": nll_sum / tokens, **logs}
+        super().log(logs, start_time)
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        if self.lr_scheduler is None:
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            self.lr_scheduler = paper_lr_scheduler(
+                optimizer or self.optimizer,
+                self.model.config.d_model,
+                warmup,
+                cooldown_steps=self.cooldown_steps,
+                total_steps=num_training_steps,
+            )
+        return self.lr_scheduler

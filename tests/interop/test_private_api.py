@@ -1,0 +1,111 @@
+"""Private names of other libraries this package relies on: each test fails naming the name when a release moves it."""
+
+import inspect
+
+import pytest
+import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig
+
+from hf_vaswani.model.generation_vaswani import PaperDecodingMixin
+
+# The private GenerationMixin methods that generation_vaswani.PaperDecodingMixin overrides, each with the parameters
+# its override takes or passes by keyword. transformers' generate calls them as `self.<name>(...)`.
+GENERATION_HOOKS: dict[str, tuple[str, ...]] = {
+    "_get_logits_processor": (),  # all handed on as given
+    "_expand_inputs_for_generation": ("expand_size", "is_encoder_decoder"),
+    "_reorder_cache": (),  # looked up by beam search with hasattr: GenerationMixin itself has none
+    "_update_finished_beams": ("cur_len", "decoder_prompt_len", "length_penalty"),
+    "_check_early_stop_heuristic": ("cur_len", "max_length", "decoder_prompt_len", "early_stopping", "length_penalty"),
+}
+
+
+def test_every_private_generation_method_overridden_is_listed() -> None:
+    ours = {name for name in vars(PaperDecodingMixin) if name.startswith("_") and not name.startswith("__")}
+    overridden = {name for name in ours if hasattr(GenerationMixin, name)} | {"_reorder_cache"}
+    assert overridden == set(GENERATION_HOOKS), "GENERATION_HOOKS must list every override of PaperDecodingMixin"
+
+
+@pytest.mark.parametrize("name", GENERATION_HOOKS)
+def test_generation_hook_is_called_with_the_parameters_the_override_relies_on(name: str) -> None:
+    called_by = inspect.getsource(GenerationMixin)
+    assert f"self.{name}(" in called_by, f"transformers' GenerationMixin no longer calls {name}: the override is dead"
+    if name == "_reorder_cache":
+        return
+    method = getattr(GenerationMixin, name, None)
+    assert method is not None, f"GenerationMixin.{name} is gone"
+    missing = [p for p in GENERATION_HOOKS[name] if p not in inspect.signature(method).parameters]
+    assert not missing, f"GenerationMixin.{name} lost the parameters {missing}"
+
+
+def test_expand_inputs_for_generation_takes_expand_size_and_is_encoder_decoder_first_then_the_model_inputs() -> None:
+    """The override hands the two on by position and reads the encoder outputs, mask and cache among the rest."""
+    parameters = inspect.signature(GenerationMixin._expand_inputs_for_generation).parameters
+    names, kinds = list(parameters), [parameter.kind for parameter in parameters.values()]
+    assert names[1:3] == ["expand_size", "is_encoder_decoder"] and kinds[-1] is inspect.Parameter.VAR_KEYWORD, (
+        f"GenerationMixin._expand_inputs_for_generation takes {names}"
+    )
+
+
+def test_generation_config_get_default_generation_params() -> None:
+    """configuration_vaswani accepts the keys it lists, which PreTrainedConfig drops from a model config."""
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    assert defaults is not None, "GenerationConfig._get_default_generation_params is gone"
+    keys = defaults()
+    assert isinstance(keys, dict) and {"num_beams", "length_penalty", "max_length"} <= keys.keys(), (
+        f"GenerationConfig._get_default_generation_params returns {keys!r}"
+    )
+
+
+def test_pretrained_config_attn_implementation() -> None:
+    """modeling_vaswani picks the attention function by it, as transformers' own models do."""
+    config = PreTrainedConfig(attn_implementation="eager")
+    assert getattr(config, "_attn_implementation", None) == "eager", "PreTrainedConfig._attn_implementation moved"
+
+
+def test_generation_config_from_model_config() -> None:
+    """convert.py clears it so that a converted model's generation config keeps its non-standard keys on reload."""
+    config = GenerationConfig(_from_model_config=True)
+    assert getattr(config, "_from_model_config", None) is True, "GenerationConfig._from_model_config moved"
+
+
+@pytest.mark.parametrize(
+    "namespace, name",
+    [
+        ("mkl", "_mkl_reorder_linear_weight"),
+        ("mkl", "_mkl_linear"),
+        ("mkldnn", "_reorder_linear_weight"),
+        ("mkldnn", "_linear_pointwise"),
+    ],
+)
+def test_torch_cpu_ops_of_cpu_kernels(namespace: str, name: str) -> None:
+    """cpu_kernels (package-only code, never remote code) packs and multiplies weights with these operators."""
+    backend = {"mkl": torch.backends.mkl, "mkldnn": torch.backends.mkldnn}[namespace]
+    if not backend.is_available():
+        pytest.skip(f"this torch build has no {namespace}")
+    assert hasattr(getattr(torch.ops, namespace), name), f"torch.ops.{namespace}.{name} is gone"
+
+
+def test_huggingface_hub_http_error_is_its_clients_error_base() -> None:
+    """`vaswani push` catches huggingface_hub.errors.HTTPError for connection failures, which are not OSErrors."""
+    from huggingface_hub import errors
+
+    base = getattr(errors, "HTTPError", None)
+    assert isinstance(base, type), "huggingface_hub.errors.HTTPError is gone"
+    assert issubclass(errors.HfHubHTTPError, base), "huggingface_hub.errors.HTTPError is no longer its errors' base"
+
+
+def test_generation_mixin_prepare_generation_config() -> None:
+    """decoding_loop resolves a call's settings with it, exactly as transformers' generate does: the given config,
+    then the model's, then the defaults, the call's arguments last, the rest handed back as model arguments."""
+    from tiny import TINY_MODEL, random_model
+
+    model = random_model(0, TINY_MODEL)
+    prepare = getattr(model, "_prepare_generation_config", None)
+    assert prepare is not None, "GenerationMixin._prepare_generation_config is gone"
+    assert "_prepare_generation_config(" in inspect.getsource(GenerationMixin.generate), (
+        "transformers' generate no longer calls _prepare_generation_config"
+    )
+    model.generation_config.num_beams = 3
+    config, arguments = prepare(GenerationConfig(length_penalty=0.5), max_new_tokens=7, attention_mask="mask")
+    assert (config.num_beams, config.length_penalty, config.max_new_tokens) == (3, 0.5, 7)
+    assert arguments == {"attention_mask": "mask"}, f"_prepare_generation_config hands back {arguments}"

@@ -1,0 +1,123 @@
+"""A saved folder loads with trust_remote_code=True where hf_vaswani cannot be imported, with the same logits, as the
+plain model; the files that travel use public torch and transformers API only."""
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_without_hf_vaswani
+from tiny import SMALLEST_MODEL, random_model
+
+import hf_vaswani
+from hf_vaswani.interop.hub import required_files
+
+REMOTE_CODE = [name for name in required_files() if name.endswith(".py")]
+
+LOADER = """
+import json, sys
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+folder, inputs_path, output_path = sys.argv[1:]
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+inputs = torch.load(inputs_path)
+with torch.no_grad():
+    logits = model(**inputs).logits
+generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           max_new_tokens=5, num_beams=2)
+torch.save({"logits": logits, "generated": generated}, output_path)
+plain = (torch.nn.Linear, torch.nn.Dropout)
+print(json.dumps({"model_module": type(model).__module__,
+                  "plain_modules": all(type(m) in plain for m in model.modules() if isinstance(m, plain)),
+                  "config_module": type(AutoConfig.from_pretrained(folder, trust_remote_code=True)).__module__,
+                  "hf_vaswani_loaded": any(m.startswith("hf_vaswani") for m in sys.modules)}))
+"""
+
+
+def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
+    # d_k != d_v, as in TINY_MODEL; d_ff 24 keeps every dot product short (the tolerance below)
+    model = random_model(0, SMALLEST_MODEL, d_ff=24, d_k=4, d_v=12, encoder_layers=2, decoder_layers=2)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
+    assert set(REMOTE_CODE) <= set(os.listdir(folder))
+    # The shipped files must not reach back into the package.
+    for name in REMOTE_CODE:
+        assert "hf_vaswani" not in (folder / name).read_text().replace('"hf_vaswani"', ""), name
+
+    inputs = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+        "decoder_input_ids": torch.tensor([[1, 11, 12], [1, 13, 14]]),
+    }
+    torch.save(inputs, tmp_path / "inputs.pt")
+    report = run_without_hf_vaswani(
+        LOADER, [str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], tmp_path
+    )
+    assert report["model_module"].startswith("transformers_modules"), report
+    assert report["config_module"].startswith("transformers_modules"), report
+    assert report["hf_vaswani_loaded"] is False
+    assert report["plain_modules"] is True  # the CPU kernels are the installed package's (cpu_kernels.kernelize)
+
+    remote = torch.load(tmp_path / "out.pt")
+    with torch.no_grad():
+        local_logits = model(**inputs).logits
+    # The point is that the shipped code computes the same function, not the same bits: the other process runs with
+    # its own thread count, and so possibly other kernels and summation orders. Each logit ends a chain of ~16 dot
+    # products of length <= 24 (2 + 2 layers), with layer norms keeping activations at unit scale in between; a
+    # length-n dot product is off by ~sqrt(n) * eps of its scale, and these add along the chain: 16 * sqrt(24) * eps,
+    # ~80 eps of the logit scale. A different function (a mask, a scale, a wrong projection) is off by the scale itself.
+    tolerance = 100 * torch.finfo(torch.float32).eps * local_logits.abs().max().item()
+    torch.testing.assert_close(remote["logits"], local_logits, atol=tolerance, rtol=0)
+    local_generated = model.generate(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5, num_beams=2
+    )
+    # Tokens compare exactly: this model's candidate scores at each step lie far more than that tolerance apart.
+    assert torch.equal(remote["generated"], local_generated)
+
+
+def non_public_names(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of each use of torch's operator namespaces or private modules (`torch.ops`, `torch._x`) and of
+    each private name imported from transformers (`from transformers... import _x`, `transformers._x`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            if node.attr == "ops" or node.attr.startswith("_"):
+                found.append((node.lineno, f"torch.{node.attr}"))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] in ("torch", "transformers") and any(part.startswith("_") for part in parts[1:]):
+                    found.append((node.lineno, module))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformers":
+                found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names if alias.name[0] == "_"]
+    return found
+
+
+@pytest.mark.parametrize("name", REMOTE_CODE)
+def test_remote_code_uses_public_torch_and_transformers_api_only(name: str) -> None:
+    """What travels to the Hub must keep working with the torch and transformers of whoever loads it: no operators
+    outside torch's public API (torch.ops, torch._x), no private names of transformers imported."""
+    path = Path(hf_vaswani.__file__).parent / name
+    found = non_public_names(ast.parse(path.read_text(), filename=name))
+    assert not found, f"{name} uses non-public API: " + ", ".join(f"line {line}: {use}" for line, use in found)
+
+
+def test_the_remote_code_check_finds_what_it_looks_for() -> None:
+    source = """
+import torch
+from transformers.generation.utils import _private
+from transformers._internal import thing
+x = torch.ops.mkldnn._linear_pointwise
+y = torch._dynamo.mark_static_address
+"""
+    found = [use for _, use in non_public_names(ast.parse(source))]
+    assert sorted(found) == sorted(
+        ["transformers.generation.utils._private", "transformers._internal", "torch.ops", "torch._dynamo"]
+    )
