@@ -1,11 +1,18 @@
 PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install test lint demo
 
-# CPU build of torch where no GPU is present: an unpinned torch pulls several GB of CUDA packages.
+# torch first. With a GPU (nvidia-smi lists one): the default index's torch, CUDA's build on Linux. Without one: the CPU
+# build from PyTorch's CPU index, since the default index's Linux wheel pulls several GB of CUDA packages; where that
+# index cannot be reached (a machine that reaches only package registries), the first try fails within seconds and
+# torch comes from the default index.
 install:
-	if command -v nvidia-smi >/dev/null 2>&1; then $(PYTHON) -m pip install torch; \
-	else $(PYTHON) -m pip install torch==2.13.0; fi
+	if nvidia-smi -L >/dev/null 2>&1; then $(PYTHON) -m pip install torch; \
+	else $(PYTHON) -m pip install --timeout 10 --retries 0 --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION) \
+	|| { echo "make install: no torch $(TORCH_VERSION) from $(TORCH_CPU_INDEX); trying the default index" >&2; \
+	$(PYTHON) -m pip install torch==$(TORCH_VERSION); }; fi
 	$(PYTHON) -m pip install -e ".[dev]"
 
 test:

@@ -2,8 +2,11 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from .decoding.search import generate
+from .interop import convert
 from .kernels.cpu import kernelize
 from .model.configuration_vaswani import VaswaniConfig
+from .model.errors_vaswani import UsageError
 from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .model.pipeline_vaswani import TranslationPipeline
 
@@ -32,10 +35,13 @@ VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
     "TranslationPipeline",
+    "UsageError",
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
+    "convert",
+    "generate",
     "kernelize",
     "save_model_folder",
 ]

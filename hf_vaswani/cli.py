@@ -12,6 +12,7 @@ from pathlib import Path
 from .decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
 from .files import check_input_file, check_output_file, new_folder
 from .kernels.allocator import reuse_freed_memory
+from .model.errors_vaswani import UsageError
 from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
@@ -102,7 +103,7 @@ def load_data(args: argparse.Namespace):
         return make_synthetic_corpus(seed=args.seed)
     if args.data == "hub":
         if not args.hub_name:
-            raise ValueError("--data hub needs --hub-name")
+            raise UsageError("--data hub needs --hub-name")
         return load_corpus(
             "hub",
             name=args.hub_name,
@@ -111,7 +112,7 @@ def load_data(args: argparse.Namespace):
             target_lang=args.target_lang,
         )
     if not args.train or not args.test:
-        raise ValueError("--data files needs --train and --test")
+        raise UsageError("--data files needs --train and --test")
     splits = {
         name: paths[0] if len(paths) == 1 else tuple(paths)
         for name in ("train", "validation", "test")
@@ -169,7 +170,7 @@ def command_average(args: argparse.Namespace) -> None:
     from .training.averaging import average_checkpoints, last_checkpoints
 
     if not args.checkpoints and not args.checkpoint_dir:
-        raise ValueError("give checkpoint folders or --checkpoint-dir")
+        raise UsageError("give checkpoint folders or --checkpoint-dir")
     checkpoints = args.checkpoints or last_checkpoints(args.checkpoint_dir, args.last)
     with new_folder(args.output, "--output") as temporary:
         average_checkpoints(checkpoints, temporary)
@@ -178,26 +179,30 @@ def command_average(args: argparse.Namespace) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
-    from .decoding.translation import check_generation_options
+    from .model.generation_vaswani import check_generation_settings
 
     options = {
         name: value
         for name in ("num_beams", "length_penalty", "max_new_tokens")
         if (value := getattr(args, name)) is not None
     }
-    check_generation_options(**options)
+    check_generation_settings(options)
     return options
 
 
-def shortlist_options(args: argparse.Namespace) -> dict:
-    """The `generate` option of --shortlist, its model folder checked to hold a shortlist before the model is loaded."""
+def check_shortlist(args: argparse.Namespace) -> None:
+    """Refuses --shortlist for a model folder that holds none, before the model is loaded."""
     from .decoding.shortlist import SHORTLIST_FILE
 
-    if not args.shortlist:
-        return {}
-    if not (Path(args.model) / SHORTLIST_FILE).is_file():
-        raise ValueError(f"--shortlist: {args.model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
-    return {"use_shortlist": True}
+    if args.shortlist and not (Path(args.model) / SHORTLIST_FILE).is_file():
+        raise UsageError(f"--shortlist: {args.model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
+
+
+def shortlist_options(args: argparse.Namespace, model) -> dict:
+    """The package search's `shortlist` argument of --shortlist: the model folder's shortlist."""
+    from .decoding.shortlist import Shortlist
+
+    return {"shortlist": Shortlist.load(args.model, model.config.vocab_size)} if args.shortlist else {}
 
 
 def command_shortlist(args: argparse.Namespace) -> None:
@@ -206,12 +211,12 @@ def command_shortlist(args: argparse.Namespace) -> None:
     from .decoding.shortlist import shortlist_of_corpus
 
     if not Path(args.model).is_dir():
-        raise ValueError(f"{args.model} is not a model folder: the shortlist is saved into it")
+        raise UsageError(f"{args.model} is not a model folder: the shortlist is saved into it")
     check_input_file(args.source, "--source")
     check_input_file(args.target, "--target")
     for option, value, least in (("--per-source", args.per_source, 1), ("--frequent", args.frequent, 0)):
         if value < least:
-            raise ValueError(f"{option} must be at least {least}, got {value}")
+            raise UsageError(f"{option} must be at least {least}, got {value}")
     corpus = load_parallel_files(args.source, args.target)
     model, tokenizer = load_model_folder(args.model)
     shortlist = shortlist_of_corpus(
@@ -227,7 +232,7 @@ def command_shortlist(args: argparse.Namespace) -> None:
 
 def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
 
 
 def command_translate(args: argparse.Namespace) -> None:
@@ -243,10 +248,12 @@ def command_translate(args: argparse.Namespace) -> None:
     if args.output:
         check_output_file(args.output, "--output")
     check_batch_size(args.batch_size)
-    options = generation_options(args) | shortlist_options(args)
+    options = generation_options(args)
+    check_shortlist(args)
     if args.nbest is not None:
         check_nbest(args.nbest, options.get("num_beams"))
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    options |= shortlist_options(args, model)
     if args.alignments:
         check_alignment_layer(model, args.alignment_layer)
     if args.input:
@@ -287,7 +294,7 @@ def command_score(args: argparse.Namespace) -> None:
     with open(args.source, "rb") as source, open(args.target, "rb") as target:
         sources, targets = read_sentences(source, str(args.source)), read_sentences(target, str(args.target))
     if len(sources) != len(targets):
-        raise ValueError(
+        raise UsageError(
             f"--source {args.source} has {len(sources)} lines but --target {args.target} has {len(targets)}"
         )
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
@@ -306,9 +313,10 @@ def command_evaluate(args: argparse.Namespace) -> None:
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
     check_batch_size(args.batch_size)
-    options = shortlist_options(args)
+    check_shortlist(args)
     test = load_parallel_files(args.source, args.reference)
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
+    options = shortlist_options(args, model)
     hypotheses, report = translate_and_score(
         model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size, **options
     )
@@ -329,7 +337,7 @@ def command_convert(args: argparse.Namespace) -> None:
     from .interop.convert import convert_folder
 
     if not args.source.is_dir():
-        raise ValueError(f"no model folder at {args.source}")
+        raise UsageError(f"no model folder at {args.source}")
     with new_folder(args.output, "output folder") as temporary:
         convert_folder(args.source_kind, args.source, temporary)
     print(args.output)
@@ -337,15 +345,16 @@ def command_convert(args: argparse.Namespace) -> None:
 
 def command_export(args: argparse.Namespace) -> None:
     from .decoding.loading import load_model_folder
+    from .decoding.shortlist import Shortlist
     from .interop.export import decoding_note, write_ctranslate2
 
     with new_folder(args.output, "output folder") as temporary:  # refuses an existing folder before loading
         model, tokenizer = load_model_folder(args.model)
-        write_ctranslate2(model, tokenizer, temporary, args.quantization)
+        shortlist = Shortlist.saved_in(args.model, model.config.vocab_size)
+        write_ctranslate2(model, tokenizer, temporary, args.quantization, shortlist)
     print(args.output)
-    shortlist = getattr(model, "shortlist", None) is not None
     # CTranslate2 models carry no decoding settings
-    print(decoding_note(model.generation_config, shortlist), file=sys.stderr)
+    print(decoding_note(model.generation_config, shortlist is not None), file=sys.stderr)
 
 
 def command_push(args: argparse.Namespace) -> None:
@@ -357,7 +366,7 @@ def command_push(args: argparse.Namespace) -> None:
         print(push_folder(args.folder, args.repo_id, private=args.private).commit_url)
     except (OSError, HTTPError) as error:  # HfHubHTTPError is both; OfflineModeIsEnabled an OSError
         cause = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"could not push {args.folder} to the Hub repo {args.repo_id}: {cause}") from None
+        raise UsageError(f"could not push {args.folder} to the Hub repo {args.repo_id}: {cause}") from None
 
 
 def print_summary(results: dict, output_dir: Path) -> None:
@@ -572,12 +581,18 @@ def main(argv: list[str] | None = None) -> None:
         reuse_freed_memory()  # steps that free and allocate the same tensors skip the page faults (allocator.py)
     try:
         args.handler(args)
-    # Bad input, a missing or unwritable file, damaged weights: a clear message, not a traceback. Any other exception
-    # is a bug and keeps its traceback.
-    except (ValueError, OSError, SafetensorError) as error:
+    # The user's mistake (the package's UsageError), a missing or unwritable file, damaged weights: one line naming
+    # it, exit code 2. Anything else is a bug and keeps its traceback, with a note saying so.
+    except (UsageError, OSError, SafetensorError) as error:
         message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"vaswani {args.command}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from error
+    except Exception as error:
+        error.add_note(
+            f"vaswani {args.command}: this is a bug in hf_vaswani, not a mistake in the command: please report it "
+            "with the command line and this traceback"
+        )
+        raise
 
 
 if __name__ == "__main__":

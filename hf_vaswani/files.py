@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from .model.errors_vaswani import UsageError
 from .text_io import print_lines
 
 
@@ -76,7 +77,7 @@ def new_folder(path: Path, option: str) -> Iterator[Path]:
     An existing `path` is refused (ValueError, naming `option`) rather than mixed into.
     """
     if path.exists():
-        raise ValueError(f"{option} {path} already exists; choose a new folder")
+        raise UsageError(f"{option} {path} already exists; choose a new folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = partial_path(path)
     shutil.rmtree(temporary, ignore_errors=True)  # left by a killed process that had this process id
@@ -92,16 +93,16 @@ def new_folder(path: Path, option: str) -> Iterator[Path]:
 def check_input_file(path: Path, option: str) -> None:
     """Refuse a missing input file before any work (a directory is not a file either)."""
     if not path.is_file():
-        raise ValueError(f"{option} {path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
+        raise UsageError(f"{option} {path}: {'a directory, not a file' if path.is_dir() else 'no such file'}")
 
 
 def check_output_file(path: Path, option: str) -> None:
     """Refuse an output file that could not be written, before any work: writing comes last."""
     if path.is_dir():
-        raise ValueError(f"{option} {path} is a directory, not a file")
+        raise UsageError(f"{option} {path} is a directory, not a file")
     if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"{option} {path}: {path.parent} is a file, not a directory")
+        raise UsageError(f"{option} {path}: {path.parent} is a file, not a directory")
     if not path.parent.is_dir():
-        raise ValueError(f"{option} {path}: no directory {path.parent}")
+        raise UsageError(f"{option} {path}: no directory {path.parent}")
     if not os.access(path.parent, os.W_OK):
-        raise ValueError(f"{option} {path}: the directory {path.parent} is not writable")
+        raise UsageError(f"{option} {path}: the directory {path.parent} is not writable")

@@ -9,6 +9,7 @@ matplotlib.use("Agg")  # files only: no display on servers
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .files import replace_file  # noqa: E402
+from .model.errors_vaswani import UsageError
 
 
 def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Path:
@@ -22,7 +23,7 @@ def plot_training_curves(log_history: list[dict], output_path: str | Path) -> Pa
     """
     logged = [entry for entry in log_history if "loss" in entry and "step" in entry]
     if not logged:
-        raise ValueError("the log history holds no training loss: was logging_steps larger than the run?")
+        raise UsageError("the log history holds no training loss: was logging_steps larger than the run?")
     validated = [entry for entry in log_history if "eval_bleu" in entry and "elapsed_minutes" in entry]
     steps = [entry["step"] for entry in logged]
     figure, axes = plt.subplots(1, 3 if validated else 2, figsize=(16 if validated else 11, 4))
@@ -64,7 +65,7 @@ def attention_maps(model, tokenizer, sentence: str, layer: int = -1) -> dict:
 
     layers = min(model.config.encoder_layers, model.config.decoder_layers)
     if not -layers <= layer < layers:
-        raise ValueError(f"layer {layer} does not exist: the model has layers 0 to {layers - 1} (or -1 to -{layers})")
+        raise UsageError(f"layer {layer} does not exist: the model has layers 0 to {layers - 1} (or -1 to -{layers})")
     model.eval()
     model.set_attn_implementation("eager")  # the weights themselves: sdpa does not return them
     source = tokenizer(sentence, return_tensors="pt").to(model.device)

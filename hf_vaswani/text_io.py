@@ -6,6 +6,8 @@ Only "\\n" ends a line: output line i belongs to input line i, whatever characte
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO, TextIO
 
+from .model.errors_vaswani import UsageError
+
 # Characters that str.splitlines (and so text-mode readers and most viewers) treat as line ends. Only "\n" ends a line
 # of a translation file; any other one inside a translation would make one input line two output lines.
 LINE_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -22,7 +24,7 @@ def read_sentences(source: BinaryIO, name: str) -> list[str]:
     try:
         text = source.read().decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{name} is not UTF-8 text: {error}") from None
+        raise UsageError(f"{name} is not UTF-8 text: {error}") from None
     lines = text.split("\n")
     if lines[-1] == "":  # the line end of the last line, or an empty input: no line after it
         lines.pop()

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset, DatasetDict
-from transformers import PreTrainedTokenizerFast
+from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, save_model_folder
 from hf_vaswani.data.tokenization import train_shared_bpe
@@ -40,12 +40,32 @@ CAPITALISER_MODEL: dict[str, Any] = dict(
 would only slow so short a run. Sizes only: the vocabulary is the tokenizer's."""
 
 
+MARIAN_SMALL: dict[str, Any] = dict(
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=24,
+    decoder_ffn_dim=24,
+    dropout=0.0,
+    activation_function="relu",
+)
+"""MarianMTModel keywords of a small model that converts exactly (relu, no dropout): for tests of conversion."""
+
+
 def random_model(
     seed: int = 0, sizes: dict[str, Any] = SMALLEST_MODEL, **changes: Any
 ) -> VaswaniForConditionalGeneration:
     """An untrained model of `sizes` with `changes`, its weights drawn from `seed`, in eval mode."""
     torch.manual_seed(seed)
     return VaswaniForConditionalGeneration(VaswaniConfig(**(sizes | changes))).eval()
+
+
+def tiny_marian(**overrides: Any) -> MarianMTModel:
+    """A random MARIAN_SMALL MarianMTModel of 30 tokens (</s> 0, padding and decoder start 29), in eval mode."""
+    settings = {**MARIAN_SMALL, "vocab_size": 30, "pad_token_id": 29, "decoder_start_token_id": 29, "eos_token_id": 0}
+    return MarianMTModel(MarianConfig(**{**settings, **overrides})).eval()
 
 
 def save_random_checkpoints(folder: Path, steps: tuple[int, ...]) -> dict[Path, dict[str, torch.Tensor]]:

@@ -19,15 +19,17 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..model.errors_vaswani import UsageError
+
 __all__ = ["TokenBatchSampler"]
 
 
 def _as_lengths(lengths: Sequence[int], name: str) -> np.ndarray:
     array = np.asarray(lengths)
     if array.ndim != 1:
-        raise ValueError(f"{name} must be a flat sequence of integers, got an array of shape {array.shape}")
+        raise UsageError(f"{name} must be a flat sequence of integers, got an array of shape {array.shape}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
+        raise UsageError(f"{name} must hold integers, got dtype {array.dtype}")
     return array.astype(np.int64, copy=False)
 
 
@@ -35,12 +37,12 @@ def _checked_lengths(source_lengths: Sequence[int], target_lengths: Sequence[int
     source = _as_lengths(source_lengths, "source_lengths")
     target = _as_lengths(target_lengths, "target_lengths")
     if len(source) != len(target):
-        raise ValueError(
+        raise UsageError(
             f"source_lengths and target_lengths must have the same length, got {len(source)} and {len(target)}"
         )
     # A zero length would let unboundedly many examples share a batch of zero padded size.
     if (source < 1).any() or (target < 1).any():
-        raise ValueError("every source and target length must be at least 1 (count the end-of-sequence token)")
+        raise UsageError("every source and target length must be at least 1 (count the end-of-sequence token)")
     return source, target
 
 
@@ -98,15 +100,15 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
     ) -> None:
         source, target = _checked_lengths(source_lengths, target_lengths)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+            raise UsageError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+            raise UsageError(f"num_replicas must be a positive integer, got {num_replicas!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be an integer in [0, {num_replicas}), got {rank!r}")
+            raise UsageError(f"rank must be an integer in [0, {num_replicas}), got {rank!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+            raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
         if len(source) < num_replicas:
-            raise ValueError(
+            raise UsageError(
                 f"{len(source)} examples cannot be spread over {num_replicas} replicas: every rank needs at least one "
                 "batch per epoch and an example cannot be split"
             )
@@ -116,7 +118,7 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             or batches_per_epoch < 1
             or batches_per_epoch % num_replicas
         ):
-            raise ValueError(
+            raise UsageError(
                 f"batches_per_epoch must be a positive multiple of num_replicas ({num_replicas}), got "
                 f"{batches_per_epoch!r}"
             )
@@ -179,7 +181,7 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             return self.source_lengths, self.target_lengths
         source, target = _checked_lengths(*self.epoch_lengths(epoch))
         if len(source) != len(self.source_lengths):
-            raise ValueError(f"epoch {epoch} has {len(source)} examples, the first epoch {len(self.source_lengths)}")
+            raise UsageError(f"epoch {epoch} has {len(source)} examples, the first epoch {len(self.source_lengths)}")
         return source, target
 
     def _pack(self, order: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray) -> list[list[int]]:
@@ -224,7 +226,7 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             return batches
         # Each split adds one batch, so counts from len(batches) up to one example per batch are reachable.
         if target_count > len(self.source_lengths):
-            raise ValueError(
+            raise UsageError(
                 f"cannot give {self.num_replicas} replicas the same number of batches: max_tokens={self.max_tokens} "
                 f"already yields {len(batches)} batches for {len(self.source_lengths)} examples and no split reaches "
                 f"{target_count}; raise max_tokens"

@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
+from ..model.errors_vaswani import UsageError
 from .batching import TokenBatchSampler
 
 
@@ -30,7 +31,7 @@ class BpeDropoutPairs(torch.utils.data.Dataset):
         self, sources: Sequence[str], targets: Sequence[str], tokenizer: PreTrainedTokenizerBase, dropout: float
     ) -> None:
         if not 0 < dropout < 1:
-            raise ValueError(f"BPE-dropout must be in (0, 1), got {dropout}")
+            raise UsageError(f"BPE-dropout must be in (0, 1), got {dropout}")
         self.sources, self.targets = list(sources), list(targets)
         self.backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # model, pre-tokenizer and </s>
         self.backend.model.dropout = dropout

@@ -24,6 +24,8 @@ from typing import Any
 import datasets
 from datasets import Dataset, DatasetDict, Features, Value
 
+from ..model.errors_vaswani import UsageError
+
 __all__ = [
     "FEATURES",
     "SPLITS",
@@ -69,13 +71,13 @@ def _read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
                     raw = raw[len(codecs.BOM_UTF8) :]
                 nul = raw.find(b"\0")
                 if nul >= 0:
-                    raise ValueError(
+                    raise UsageError(
                         f"{path}, line {lineno}: NUL byte at column {nul + 1}; not a text file (binary, or UTF-16?)"
                     )
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as error:
-                    raise ValueError(
+                    raise UsageError(
                         f"{path}, line {lineno}: not valid UTF-8 (byte 0x{raw[error.start]:02x} at column "
                         f"{error.start + 1})"
                     ) from None
@@ -84,19 +86,19 @@ def _read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
         raise
     except (OSError, EOFError, zlib.error) as error:
         # A corrupt or truncated gzip stream fails while reading the line after the last good one.
-        raise ValueError(f"{path}, line {lineno + 1}: cannot read the file: {error}") from error
+        raise UsageError(f"{path}, line {lineno + 1}: cannot read the file: {error}") from error
 
 
 def _checked_side(text: str, path: PathLike, lineno: int, side: str) -> str:
     text = text.strip()
     if not text:
-        raise ValueError(f"{path}, line {lineno}: empty {side} sentence")
+        raise UsageError(f"{path}, line {lineno}: empty {side} sentence")
     return text
 
 
 def _to_dataset(sources: list[str], targets: list[str], path: PathLike) -> Dataset:
     if not sources:
-        raise ValueError(f"{path}, line 1: no sentence pairs (the file is empty)")
+        raise UsageError(f"{path}, line 1: no sentence pairs (the file is empty)")
     return Dataset.from_dict({"source": sources, "target": targets}, features=FEATURES)
 
 
@@ -112,7 +114,7 @@ def load_parallel_files(source_path: PathLike, target_path: PathLike) -> Dataset
             extra = 1 + sum(1 for _ in rest)
             num_source = len(sources) + (extra if longer == source_path else 0)
             num_target = len(targets) + (extra if longer == target_path else 0)
-            raise ValueError(
+            raise UsageError(
                 f"{source_path} has {num_source} lines but {target_path} has {num_target}: "
                 f"{longer}, line {len(sources) + 1} has no counterpart"
             )
@@ -129,7 +131,7 @@ def load_tsv(path: PathLike) -> Dataset:
     for lineno, text in _read_lines(path):
         fields = text.split("\t")
         if len(fields) != 2:
-            raise ValueError(f"{path}, line {lineno}: expected exactly one tab, found {len(fields) - 1}")
+            raise UsageError(f"{path}, line {lineno}: expected exactly one tab, found {len(fields) - 1}")
         sources.append(_checked_side(fields[0], path, lineno, "source"))
         targets.append(_checked_side(fields[1], path, lineno, "target"))
     return _to_dataset(sources, targets, path)
@@ -143,15 +145,15 @@ def load_jsonl(path: PathLike, source_key: str = "source", target_key: str = "ta
         try:
             record = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {lineno}: invalid JSON: {error.msg} at column {error.colno}") from None
+            raise UsageError(f"{path}, line {lineno}: invalid JSON: {error.msg} at column {error.colno}") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
+            raise UsageError(f"{path}, line {lineno}: expected a JSON object, got {type(record).__name__}")
         values = []
         for key, side in ((source_key, "source"), (target_key, "target")):
             if key not in record:
-                raise ValueError(f"{path}, line {lineno}: missing key {key!r} (keys: {sorted(record)})")
+                raise UsageError(f"{path}, line {lineno}: missing key {key!r} (keys: {sorted(record)})")
             if not isinstance(record[key], str):
-                raise ValueError(f"{path}, line {lineno}: {key!r} is {type(record[key]).__name__}, not a string")
+                raise UsageError(f"{path}, line {lineno}: {key!r} is {type(record[key]).__name__}, not a string")
             values.append(_checked_side(record[key], path, lineno, side))
         sources.append(values[0])
         targets.append(values[1])
@@ -165,12 +167,12 @@ def _load_file_spec(spec: Any, split: str, source_key: str, target_key: str) -> 
             return load_tsv(spec)
         if name.endswith((".jsonl", ".jsonl.gz")):
             return load_jsonl(spec, source_key, target_key)
-        raise ValueError(
+        raise UsageError(
             f"{split}: cannot tell the format of {spec}; give a .tsv/.jsonl(.gz) file or a (source, target) pair"
         )
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
         return load_parallel_files(spec[0], spec[1])
-    raise ValueError(f"{split}: expected a .tsv/.jsonl path or a (source_path, target_path) pair, got {spec!r}")
+    raise UsageError(f"{split}: expected a .tsv/.jsonl path or a (source_path, target_path) pair, got {spec!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -181,16 +183,16 @@ def _load_file_spec(spec: Any, split: str, source_key: str, target_key: str) -> 
 def _translation_to_pairs(dataset: Dataset, where: str, source_lang: str, target_lang: str) -> Dataset:
     feature = dataset.features.get("translation")
     if feature is None:
-        raise ValueError(f"{where} has no 'translation' column; columns: {dataset.column_names}")
+        raise UsageError(f"{where} has no 'translation' column; columns: {dataset.column_names}")
     if isinstance(feature, datasets.Translation):
         languages = list(feature.languages)
     elif isinstance(feature, dict):
         languages = list(feature)
     else:
-        raise ValueError(f"{where}: the 'translation' column is not a {{language: text}} mapping but {feature}")
+        raise UsageError(f"{where}: the 'translation' column is not a {{language: text}} mapping but {feature}")
     for language in (source_lang, target_lang):
         if language not in languages:
-            raise ValueError(f"{where} has no language {language!r}; available: {languages}")
+            raise UsageError(f"{where} has no language {language!r}; available: {languages}")
     source_column, target_column = f"translation.{source_lang}", f"translation.{target_lang}"
     # Flattening the struct column is an Arrow-level operation, far cheaper than a row-wise map over 4.5M WMT pairs.
     pairs = dataset.select_columns(["translation"]).flatten().select_columns([source_column, target_column])
@@ -213,21 +215,21 @@ def load_hub_translation(
     names to the dataset's (e.g. ``{"validation": "dev"}``); by default the dataset's train/validation/test are kept.
     """
     if source_lang == target_lang:
-        raise ValueError(f"source_lang and target_lang are both {source_lang!r}")
+        raise UsageError(f"source_lang and target_lang are both {source_lang!r}")
     loaded = datasets.load_dataset(name, config, **load_dataset_kwargs)
     if isinstance(loaded, Dataset):
         split = load_dataset_kwargs.get("split")
         loaded = DatasetDict({split if isinstance(split, str) else "train": loaded})
     if not isinstance(loaded, DatasetDict):
-        raise ValueError(f"{name}: expected a map-style DatasetDict, got {type(loaded).__name__} (streaming?)")
+        raise UsageError(f"{name}: expected a map-style DatasetDict, got {type(loaded).__name__} (streaming?)")
     if split_map is None:
         split_map = {split: split for split in SPLITS if split in loaded}
         if not split_map:
-            raise ValueError(f"{name} has none of the splits {list(SPLITS)}; available: {list(loaded)}; pass split_map")
+            raise UsageError(f"{name} has none of the splits {list(SPLITS)}; available: {list(loaded)}; pass split_map")
     result = {}
     for ours, theirs in split_map.items():
         if theirs not in loaded:
-            raise ValueError(f"{name} has no split {theirs!r}; available: {list(loaded)}")
+            raise UsageError(f"{name} has no split {theirs!r}; available: {list(loaded)}")
         where = f"{name} ({config}) split {theirs!r}" if config else f"{name} split {theirs!r}"
         result[ours] = _translation_to_pairs(loaded[theirs], where, source_lang, target_lang)
     return DatasetDict(result)
@@ -240,7 +242,7 @@ def load_hub_translation(
 
 def _reject_unknown(options: Mapping[str, Any], source: str) -> None:
     if options:
-        raise ValueError(f"unknown option(s) for corpus source {source!r}: {sorted(options)}")
+        raise UsageError(f"unknown option(s) for corpus source {source!r}: {sorted(options)}")
 
 
 def load_corpus(source: str, **options: Any) -> DatasetDict:
@@ -254,7 +256,7 @@ def load_corpus(source: str, **options: Any) -> DatasetDict:
     options = dict(options)
     if source == "files":
         if options.get("train") is None:
-            raise ValueError("corpus source 'files' needs train=(source_path, target_path) or train=path.tsv/.jsonl")
+            raise UsageError("corpus source 'files' needs train=(source_path, target_path) or train=path.tsv/.jsonl")
         source_key = options.pop("source_key", "source")
         target_key = options.pop("target_key", "target")
         specs = {split: options.pop(split) for split in SPLITS if split in options}
@@ -269,7 +271,7 @@ def load_corpus(source: str, **options: Any) -> DatasetDict:
     if source == "hub":
         missing = [key for key in ("name", "source_lang", "target_lang") if options.get(key) is None]
         if missing:
-            raise ValueError(f"corpus source 'hub' needs option(s) {missing}")
+            raise UsageError(f"corpus source 'hub' needs option(s) {missing}")
         return load_hub_translation(
             options.pop("name"),
             options.pop("config", None),
@@ -278,4 +280,4 @@ def load_corpus(source: str, **options: Any) -> DatasetDict:
             split_map=options.pop("split_map", None),
             **options,
         )
-    raise ValueError(f"unknown corpus source {source!r}; expected 'files' or 'hub'")
+    raise UsageError(f"unknown corpus source {source!r}; expected 'files' or 'hub'")

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..model.errors_vaswani import UsageError
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
@@ -77,20 +79,20 @@ __all__ = [
 
 def _check_training_arguments(vocab_size: int, min_frequency: int, kind: str, merges: int | None = None) -> None:
     if kind not in BPE_KINDS:
-        raise ValueError(f"kind must be one of {BPE_KINDS}, got {kind!r}")
+        raise UsageError(f"kind must be one of {BPE_KINDS}, got {kind!r}")
     if merges is not None and kind != "subword_nmt":
-        raise ValueError(f"a count of merges sizes subword_nmt's BPE only; size {kind}'s with vocab_size")
+        raise UsageError(f"a count of merges sizes subword_nmt's BPE only; size {kind}'s with vocab_size")
     if merges is not None and merges < 1:
-        raise ValueError(f"merges must be >= 1, got {merges}")
+        raise UsageError(f"merges must be >= 1, got {merges}")
     if kind == "byte_level" and vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
+        raise UsageError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs the {MIN_VOCAB_SIZE - len(SPECIAL_TOKENS)} "
             f"byte symbols plus {len(SPECIAL_TOKENS)} special tokens, i.e. vocab_size >= {MIN_VOCAB_SIZE}"
         )
     if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens")
+        raise UsageError(f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens")
     if min_frequency < 1:
-        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
+        raise UsageError(f"min_frequency must be >= 1, got {min_frequency}")
 
 
 def _untrained(kind: str, vocab_size: int, min_frequency: int) -> tuple[Tokenizer, trainers.BpeTrainer]:
@@ -223,7 +225,7 @@ def train_shared_bpe(
             `min_frequency` < 1, or `texts` a single string.
     """
     if isinstance(texts, str):  # iterating a str would train on its characters one by one
-        raise ValueError("texts must be an iterable of strings, not a single string")
+        raise UsageError("texts must be an iterable of strings, not a single string")
     return _train(texts, vocab_size, min_frequency, kind, merges)
 
 
@@ -243,7 +245,7 @@ def read_tokenizer_file(path: Path) -> Tokenizer:
     except Exception as error:  # tokenizers reports every file it cannot read as a bare Exception
         if type(error) is not Exception:
             raise
-        raise ValueError(f"{path} is not a tokenizer tokenizers can read: {' '.join(str(error).split())}") from None
+        raise UsageError(f"{path} is not a tokenizer tokenizers can read: {' '.join(str(error).split())}") from None
 
 
 def _dataset_batches(dataset: Dataset, columns: Sequence[str], batch_size: int) -> Iterator[list[str]]:
@@ -274,8 +276,8 @@ def train_shared_bpe_from_dataset(
         columns = (columns,)
     missing = [column for column in columns if column not in dataset.column_names]
     if missing:
-        raise ValueError(f"dataset has no column(s) {missing}; its columns are {dataset.column_names}")
+        raise UsageError(f"dataset has no column(s) {missing}; its columns are {dataset.column_names}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     _check_training_arguments(vocab_size, min_frequency, kind, merges)  # fail before iterating a large dataset
     return _train(_dataset_batches(dataset, columns, batch_size), vocab_size, min_frequency, kind, merges)

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..model.errors_vaswani import UsageError
 from .scoring import encode_pairs
 from .translation import Hypothesis, check_batch, length_sorted_batches
 
@@ -38,7 +39,7 @@ def check_alignment_layer(model: PreTrainedModel, layer: int) -> None:
     """Refuse (ValueError) a decoder layer index the model does not have, naming the valid ones."""
     layers = model.config.decoder_layers
     if not -layers <= layer < layers:
-        raise ValueError(f"layer {layer} does not exist: the decoder has layers 0 to {layers - 1} (or -1 to -{layers})")
+        raise UsageError(f"layer {layer} does not exist: the decoder has layers 0 to {layers - 1} (or -1 to -{layers})")
 
 
 def align_pairs(
@@ -62,7 +63,7 @@ def align_pairs(
     """
     check_batch(sources, batch_size, "sources")
     if not tokenizer.is_fast:
-        raise ValueError("word alignments need a fast tokenizer: its character offsets map tokens to words")
+        raise UsageError("word alignments need a fast tokenizer: its character offsets map tokens to words")
     check_alignment_layer(model, layer)
     encode_pairs(model, tokenizer, sources, targets)  # refuses what the positions cannot hold, before any work
     batches = length_sorted_batches(range(len(sources)), lambda i: len(sources[i]) + len(targets[i]), batch_size)

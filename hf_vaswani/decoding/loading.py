@@ -24,9 +24,9 @@ from ..data.tokenization import read_tokenizer_file
 from ..kernels.cpu import kernelize
 from ..kernels.quantization import quantize_int8
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import check_generation_settings
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-from .shortlist import SHORTLIST_FILE, Shortlist
 
 
 def check_device(device: str) -> torch.device:
@@ -34,13 +34,13 @@ def check_device(device: str) -> torch.device:
     try:
         parsed = torch.device(device)
     except RuntimeError as error:
-        raise ValueError(f"device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1): {error}") from None
+        raise UsageError(f"device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1): {error}") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        raise UsageError(f"device {device!r}: CUDA is not available on this machine")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise UsageError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+        raise UsageError(f"device {device!r}: MPS is not available on this machine")
     return parsed
 
 
@@ -52,20 +52,20 @@ def read_config_dict(path: str | Path) -> dict:
     if Path(path).exists():
         config_file = Path(path) / "config.json"
         if not config_file.is_file():
-            raise ValueError(f"{path} is not a model folder: it holds no config.json")
+            raise UsageError(f"{path} is not a model folder: it holds no config.json")
         try:
             return json.loads(config_file.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{config_file} is not valid JSON: {error}") from None
+            raise UsageError(f"{config_file} is not valid JSON: {error}") from None
     try:
         validate_repo_id(str(path))
     except HFValidationError:
-        raise ValueError(f"no model folder at {path}") from None
+        raise UsageError(f"no model folder at {path}") from None
     try:
         return PretrainedConfig.get_config_dict(str(path))[0]
     except OSError as error:  # transformers wraps every Hub failure (not found, offline, gated) in an OSError
         first_line = str(error).splitlines()[0]
-        raise ValueError(
+        raise UsageError(
             f"no model folder at {path}, and no Hub model of that id could be read: {first_line}"
         ) from None
 
@@ -80,7 +80,7 @@ def check_config(path: str | Path, config_dict: dict) -> None:
     try:
         VaswaniConfig.from_dict(config_dict)
     except (ValueError, StrictDataclassError) as error:  # strict's type errors are no ValueErrors
-        raise ValueError(f"{Path(path) / 'config.json'}: {one_line(error)}") from None
+        raise UsageError(f"{Path(path) / 'config.json'}: {one_line(error)}") from None
 
 
 def check_generation_config(path: str | Path) -> None:
@@ -95,14 +95,14 @@ def check_generation_config(path: str | Path) -> None:
         config = GenerationConfig.from_pretrained(path)  # runs transformers' `validate`
     except OSError as error:
         if file.is_file():
-            raise ValueError(f"{file} is not valid JSON: {one_line(error)}") from None
+            raise UsageError(f"{file} is not valid JSON: {one_line(error)}") from None
         return  # none: transformers builds the defaults from config.json
     except ValueError as error:
-        raise ValueError(f"{file}: {one_line(error)}") from None
+        raise UsageError(f"{file}: {one_line(error)}") from None
     try:
         check_generation_settings(config.to_dict())
     except ValueError as error:
-        raise ValueError(f"{file}: {error}") from None
+        raise UsageError(f"{file}: {error}") from None
 
 
 @contextlib.contextmanager
@@ -133,7 +133,7 @@ def check_loading_info(path: str | Path, loading_info: dict) -> None:
     }
     found = [f"{len(names)} {kind} (first: {names[0]})" for kind, names in problems.items() if names]
     if found:
-        raise ValueError(f"the weights of {path} do not match its config.json: tensors {'; '.join(found)}")
+        raise UsageError(f"the weights of {path} do not match its config.json: tensors {'; '.join(found)}")
 
 
 def load_model_folder(
@@ -149,11 +149,11 @@ def load_model_folder(
     """
     check_device(device)
     if int8 and torch.device(device).type != "cpu":
-        raise ValueError(f"int8 inference runs on CPU, not on {device}")
+        raise UsageError(f"int8 inference runs on CPU, not on {device}")
     config_dict = read_config_dict(path)
     model_type = config_dict.get("model_type")
     if model_type != VaswaniConfig.model_type and not trust_remote_code:
-        raise ValueError(
+        raise UsageError(
             f"{path} holds a model of type {model_type!r}, not {VaswaniConfig.model_type!r}; loading it would run "
             "code from the folder (allow that with trust_remote_code)"
         )
@@ -172,9 +172,9 @@ def load_model_folder(
                 ignore_mismatched_sizes=True,  # reported in loading_info and refused below, instead of a traceback
             )
     except SafetensorError as error:
-        raise ValueError(f"the weights of {path} (model.safetensors) are damaged: {error}") from None
+        raise UsageError(f"the weights of {path} (model.safetensors) are damaged: {error}") from None
     except OSError as error:  # no weights file, or not a safetensors one
-        raise ValueError(f"cannot load the weights of {path}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"cannot load the weights of {path}: {str(error).splitlines()[0]}") from None
     check_loading_info(path, loading_info)
     if (Path(path) / "tokenizer.json").is_file():
         read_tokenizer_file(Path(path) / "tokenizer.json")  # damage as one line naming it, not tokenizers' Exception
@@ -183,10 +183,8 @@ def load_model_folder(
         # asking "run the custom code? [y/N]" on the terminal, which would read a line of the data on stdin.
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise ValueError(f"cannot load the tokenizer of {path}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"cannot load the tokenizer of {path}: {str(error).splitlines()[0]}") from None
     model = model.to(device)
     if isinstance(model, VaswaniForConditionalGeneration):
         kernelize(model)
-        if (Path(path) / SHORTLIST_FILE).is_file():  # used where a call asks (use_shortlist), by decoding_loop.py
-            model.shortlist = Shortlist.load(path, model.config.vocab_size)
     return quantize_int8(model) if int8 else model, tokenizer

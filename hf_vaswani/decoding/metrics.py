@@ -27,6 +27,8 @@ import evaluate
 import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from ..model.errors_vaswani import UsageError
+
 __all__ = [
     "SACREBLEU_METRIC_PATH",
     "corpus_scores",
@@ -69,9 +71,9 @@ def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise TypeError("hypotheses and references must be sequences of strings, one per segment")
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise UsageError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
-        raise ValueError("cannot score an empty corpus")
+        raise UsageError("cannot score an empty corpus")
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import equivalent_power
 from .translation import check_batch, length_sorted_batches, translate
 
@@ -59,9 +60,9 @@ def encode_pairs(
     """Source and target token ids of each pair, refused (ValueError) when a side needs more positions than the model
     has: learned position embeddings stop at max_position_embeddings, and beyond them there is no right number."""
     if isinstance(targets, str):
-        raise ValueError("targets must be a list of strings, not one string: pass [text]")
+        raise UsageError("targets must be a list of strings, not one string: pass [text]")
     if len(sources) != len(targets):
-        raise ValueError(f"{len(sources)} sources but {len(targets)} targets: each source needs one target")
+        raise UsageError(f"{len(sources)} sources but {len(targets)} targets: each source needs one target")
     if not sources:  # a fast tokenizer fails on an empty batch
         return [], []
     source_ids = tokenizer(list(sources))["input_ids"]
@@ -70,7 +71,7 @@ def encode_pairs(
     for number, pair in enumerate(zip(source_ids, target_ids, strict=True), start=1):
         for side, ids in zip(("source", "target"), pair, strict=True):
             if limit is not None and len(ids) > limit:
-                raise ValueError(
+                raise UsageError(
                     f"pair {number}: the {side} needs {len(ids)} positions (tokens, </s> included), more than the "
                     f"model's max_position_embeddings={limit} learned positions"
                 )
@@ -95,7 +96,7 @@ def score_pairs(
     """
     check_batch(sources, batch_size, "sources")
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
+        raise UsageError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
     source_ids, target_ids = encode_pairs(model, tokenizer, sources, targets)
     batches = length_sorted_batches(range(len(sources)), lambda i: len(target_ids[i]), batch_size)
     token_log_probs: list[tuple[float, ...]] = [()] * len(sources)

@@ -15,9 +15,9 @@ Here each step is one call of the decoder and output projection, then:
 Which candidates finish, the early-stopping rules and the returned scores are transformers' (`GenerationMixin`'s beam
 search, transformers 5), computed by the same float32 operations, so the sequences and scores are equal
 (tests/decoding/test_search.py). A request it does not cover (sampling, constraints, custom processors or stopping
-criteria, streamers, attention or hidden-state outputs, a given cache) goes to transformers' loop: `covered_request`
-says which. `decoding_loop` ("auto", "package" or "transformers"; a `generate` argument or a generation-config key)
-forces either.
+criteria, streamers, attention or hidden-state outputs, a given cache) goes to the model's own `generate`, transformers'
+loop: `covered_request` says which. The loop runs where it is called, `hf_vaswani.generate(model, ...)`, as the
+package's commands call it; `model.generate` is transformers' loop however the model was built or loaded.
 """
 
 import copy
@@ -38,6 +38,8 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 
+from ..kernels.cpu import packed_weights
+from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import (
     BannedColumnsLogitsProcessor,
     SourceLengthCapLogitsProcessor,
@@ -45,8 +47,7 @@ from ..model.generation_vaswani import (
     penalty_exponent,
 )
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-
-DECODING_LOOPS = ("auto", "package", "transformers")
+from .shortlist import Shortlist
 
 # Every GenerationConfig setting falls in one of three groups (tests/decoding/test_search.py checks that none is new):
 READ_SETTINGS = {  # what this loop does with them is what transformers' greedy and beam search do
@@ -91,35 +92,31 @@ class Request:
     columns: torch.Tensor | None = None  # the vocabulary ids scored (a shortlist's, sorted), or None: all
 
 
-def generate(model: VaswaniForConditionalGeneration, generate_of_transformers, *args, **kwargs):
-    """`model.generate(*args, **kwargs)`: by this loop where it covers the call (or `decoding_loop="package"` asks),
-    else by `generate_of_transformers`."""
-    inputs = kwargs.pop("inputs", args[0] if args else None)
-    generation_config = kwargs.pop("generation_config", args[1] if len(args) > 1 else None)
-    positional = args[2:]  # refused by the model's generate, which takes no more by position: its TypeError
-    config = generation_config if generation_config is not None else model.generation_config
-    loop = kwargs.pop("decoding_loop", getattr(config, "decoding_loop", None) or "auto")
-    if loop not in DECODING_LOOPS:
-        raise ValueError(f"decoding_loop must be one of {', '.join(DECODING_LOOPS)}, got {loop!r}")
-    use_shortlist = kwargs.pop("use_shortlist", getattr(config, "use_shortlist", None) or False)
-    if use_shortlist not in (True, False):
-        raise ValueError(f"use_shortlist must be True or False, got {use_shortlist!r}")
-    if use_shortlist and getattr(model, "shortlist", None) is None:
-        raise ValueError("use_shortlist=True, but the model has no shortlist (see `vaswani shortlist`)")
-    if use_shortlist and loop == "transformers":
-        raise ValueError("use_shortlist=True needs the package's decoding loop, not decoding_loop='transformers'")
-    if loop != "transformers" and not positional:
+def generate(
+    model: VaswaniForConditionalGeneration,
+    inputs: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    *,
+    shortlist: Shortlist | None = None,
+    **kwargs,
+):
+    """What `model.generate(inputs, generation_config, **kwargs)` returns, computed by this loop where it covers the
+    call (`covered_request`), else by `model.generate`; CPU decoding weights packed for the call (`packed_weights`).
+
+    `shortlist` scores only the tokens it lists for the batch's sources (and </s>); a call this loop does not cover is
+    then refused, since transformers' loop scores the whole vocabulary.
+    """
+    with packed_weights(model):
         request = covered_request(model, inputs, generation_config, kwargs)
-        if isinstance(request, Request):
-            if use_shortlist:
-                columns = model.shortlist.columns(request.source_ids, request.source_mask)
-                eos = torch.tensor([request.config.eos_token_id], device=columns.device)
-                request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
-            return decode(model, request)
-        if loop == "package" or use_shortlist:
-            asked = "decoding_loop='package'" if loop == "package" else "use_shortlist=True"
-            raise ValueError(f"{asked}: the package's decoding loop does not cover this call: {request}")
-    return generate_of_transformers(inputs, generation_config, *positional, **kwargs)
+        if not isinstance(request, Request):
+            if shortlist is not None:
+                raise UsageError(f"a shortlist needs the package's decoding loop, which does not cover {request}")
+            return model.generate(inputs, generation_config, **kwargs)
+        if shortlist is not None:
+            columns = shortlist.columns(request.source_ids, request.source_mask)
+            eos = torch.tensor([request.config.eos_token_id], device=columns.device)
+            request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
+        return decode(model, request)
 
 
 def covered_request(

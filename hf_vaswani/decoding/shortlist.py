@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from ..files import replace_file
+from ..model.errors_vaswani import UsageError
 
 SHORTLIST_FILE = "shortlist.safetensors"
 SHORTLIST_PER_SOURCE = 50  # the default sizes (docs/performance.md: chosen on Multi30k's validation set)
@@ -53,13 +54,13 @@ class Shortlist:
 
     @classmethod
     def load(cls, folder: str | Path, vocab_size: int) -> "Shortlist":
-        """The shortlist saved in `folder`; a ValueError naming the file when it is unreadable or does not fit a
+        """The shortlist saved in `folder`; a UsageError naming the file when it is unreadable or does not fit a
         vocabulary of `vocab_size`."""
         path = Path(folder) / SHORTLIST_FILE
         try:
             tensors = load_file(str(path))
         except (OSError, SafetensorError) as error:
-            raise ValueError(f"{path}: not a readable shortlist ({error})") from None
+            raise UsageError(f"{path}: not a readable shortlist ({error})") from None
         always, candidates = tensors.get("always"), tensors.get("candidates")
         if (
             always is None
@@ -72,8 +73,13 @@ class Shortlist:
             or int(always.max()) >= vocab_size
             or (candidates.numel() > 0 and not -1 <= int(candidates.min()) <= int(candidates.max()) < vocab_size)
         ):
-            raise ValueError(f"{path}: not a shortlist for a vocabulary of {vocab_size} tokens")
+            raise UsageError(f"{path}: not a shortlist for a vocabulary of {vocab_size} tokens")
         return cls(always.long(), candidates.long())
+
+    @classmethod
+    def saved_in(cls, folder: str | Path, vocab_size: int) -> "Shortlist | None":
+        """The shortlist saved in `folder` (`load`), or None where the folder holds none."""
+        return cls.load(folder, vocab_size) if (Path(folder) / SHORTLIST_FILE).is_file() else None
 
 
 def shortlist_of_corpus(

@@ -1,36 +1,27 @@
 """Translating sentences with a model: sorted by length, decoded in batches, returned in input order; n-best lists
 with the scores beam search ranked them by."""
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..kernels.cpu import packed_weights
+from ..model.errors_vaswani import UsageError
+from ..model.generation_vaswani import check_generation_settings
 from ..text_io import alignment_text, as_one_line
-
-
-def check_generation_options(
-    num_beams: int | None = None, length_penalty: float | None = None, max_new_tokens: int | None = None
-) -> None:
-    """Refuse (ValueError) decoding values that `generate` would crash on or silently misuse; None means the default."""
-    if num_beams is not None and num_beams < 1:
-        raise ValueError(f"num_beams must be at least 1, got {num_beams}")
-    if length_penalty is not None and not math.isfinite(length_penalty):
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+from .search import generate
 
 
 def check_batch(sentences: Sequence[str], batch_size: int, name: str = "sentences") -> None:
     """Refuse (ValueError) one string where a list of them is meant, and a batch size below 1."""
     if isinstance(sentences, str):  # a str is a Sequence[str] too: each character would be processed on its own
-        raise ValueError(f"{name} must be a list of strings, not one string: pass [text]")
+        raise UsageError(f"{name} must be a list of strings, not one string: pass [text]")
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise UsageError(f"batch_size must be positive, got {batch_size}")
 
 
 def length_sorted_batches(indices: Iterable[int], length: Callable[[int], int], batch_size: int) -> list[list[int]]:
@@ -38,6 +29,28 @@ def length_sorted_batches(indices: Iterable[int], length: Callable[[int], int], 
     computation, small. Callers put results back in input order by these indices."""
     order = sorted(indices, key=length)
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def decoded_batches(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: Sequence[str],
+    batch_size: int,
+    progress: bool,
+    **generate_kwargs,
+) -> Iterator[tuple[list[int], Any]]:
+    """Each batch of the non-blank `sentences`, sorted by length, as (their indices, the package's search's output
+    for them): the one batching loop of translations and n-best lists."""
+    check_batch(sentences, batch_size)
+    batches = length_sorted_batches(
+        (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
+    )
+    model.eval()
+    with packed_weights(model):
+        for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
+            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
+            with torch.inference_mode():
+                yield indices, generate(model, **batch, **generate_kwargs)
 
 
 def translate(
@@ -48,35 +61,25 @@ def translate(
     progress: bool = True,
     **generate_kwargs,
 ) -> list[str]:
-    """Translate `sentences` with `model.generate` (its generation config, overridable by `generate_kwargs`).
+    """Translate `sentences` by the package's search (`hf_vaswani.generate`: the model's generation config,
+    overridable by `generate_kwargs`, `shortlist=` among them).
 
     A blank sentence translates to "" without decoding (there is nothing to translate, and a model would invent text).
     """
-    check_batch(sentences, batch_size)
-    check_generation_options(
-        generate_kwargs.get("num_beams"), generate_kwargs.get("length_penalty"), generate_kwargs.get("max_new_tokens")
-    )
-    batches = length_sorted_batches(
-        (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
-    )
+    check_generation_settings(generate_kwargs)
     translations: list[str] = [""] * len(sentences)
-    model.eval()
-    with packed_weights(model):
-        for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
-            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
-            with torch.inference_mode():
-                generated = model.generate(**batch, **generate_kwargs)
-            for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-                translations[i] = text
+    for indices, generated in decoded_batches(model, tokenizer, sentences, batch_size, progress, **generate_kwargs):
+        for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+            translations[i] = text
     return translations
 
 
 def check_nbest(k: int, num_beams: int | None = None) -> None:
     """Refuse (ValueError) an n-best list size below 1, or one that `num_beams` (None: the default) cannot hold."""
     if k < 1:
-        raise ValueError(f"the n-best list size must be at least 1, got {k}")
+        raise UsageError(f"the n-best list size must be at least 1, got {k}")
     if num_beams is not None and num_beams < max(k, 2):  # greedy search (1 beam) gives no sequence scores
-        raise ValueError(f"an n-best list of {k} needs beam search with num_beams >= {max(k, 2)}, got {num_beams}")
+        raise UsageError(f"an n-best list of {k} needs beam search with num_beams >= {max(k, 2)}, got {num_beams}")
 
 
 @dataclass(frozen=True)
@@ -109,42 +112,29 @@ def translate_nbest(
     log-probabilities. `num_beams` defaults to the larger of `k` and the model's own (paper: 4); a smaller one is
     refused. A blank sentence gets an empty list (nothing to translate).
     """
-    check_batch(sentences, batch_size)
     num_beams = generate_kwargs.pop("num_beams", None)
     check_nbest(k, num_beams)
     if num_beams is None:
         num_beams = max(k, model.generation_config.num_beams or 1, 2)
-    check_generation_options(num_beams, generate_kwargs.get("length_penalty"), generate_kwargs.get("max_new_tokens"))
-    batches = length_sorted_batches(
-        (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
-    )
+    check_generation_settings(generate_kwargs)
+    options = dict(num_return_sequences=k, output_scores=True, return_dict_in_generate=True)
     nbest: list[list[Hypothesis]] = [[] for _ in sentences]
-    model.eval()
-    with packed_weights(model):
-        for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
-            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
-            with torch.inference_mode():
-                output = model.generate(
-                    **batch,
-                    num_beams=num_beams,
-                    num_return_sequences=k,
-                    output_scores=True,
-                    return_dict_in_generate=True,
-                    **generate_kwargs,
+    for indices, output in decoded_batches(
+        model, tokenizer, sentences, batch_size, progress, num_beams=num_beams, **options, **generate_kwargs
+    ):
+        token_log_probs = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
+        generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
+        outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
+        texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+        for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
+            nbest[indices[row // k]].append(
+                Hypothesis(
+                    text=text,
+                    token_ids=tuple(outputs[row][generated[row]].tolist()),
+                    log_probability=float(token_log_probs[row].sum()),
+                    score=float(output.sequences_scores[row]),
                 )
-                token_log_probs = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
-            generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
-            outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
-            texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
-            for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
-                nbest[indices[row // k]].append(
-                    Hypothesis(
-                        text=text,
-                        token_ids=tuple(outputs[row][generated[row]].tolist()),
-                        log_probability=float(token_log_probs[row].sum()),
-                        score=float(output.sequences_scores[row]),
-                    )
-                )
+            )
     return nbest
 
 

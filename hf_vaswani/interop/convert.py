@@ -70,6 +70,7 @@ from transformers import (
 )
 
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniSinusoidalPositionalEncoding
 
 logger = logging.getLogger(__name__)
@@ -150,33 +151,33 @@ def _check_expressible(source: PreTrainedModel, positional_flag_name: str | None
     """Raise ValueError for what the paper's model cannot express, naming the config field."""
     config = source.config
     if config.activation_function != "relu":
-        raise ValueError(
+        raise UsageError(
             f"cannot convert activation_function={config.activation_function!r}: the paper's feed-forward network is "
             "ReLU (Eq. 2)"
         )
     if config.encoder_attention_heads != config.decoder_attention_heads:
-        raise ValueError(
+        raise UsageError(
             f"cannot convert different attention heads in encoder ({config.encoder_attention_heads}) and decoder "
             f"({config.decoder_attention_heads}): the paper's model has one num_heads"
         )
     if config.encoder_ffn_dim != config.decoder_ffn_dim:
-        raise ValueError(
+        raise UsageError(
             f"cannot convert different feed-forward widths in encoder ({config.encoder_ffn_dim}) and decoder "
             f"({config.decoder_ffn_dim}): the paper's model has one d_ff"
         )
     if config.d_model % 2 != 0:
-        raise ValueError(f"cannot convert odd d_model={config.d_model}: sinusoidal encodings need sin/cos pairs")
+        raise UsageError(f"cannot convert odd d_model={config.d_model}: sinusoidal encodings need sin/cos pairs")
     for flag, feature in _REFUSED_FLAGS.items():
         if getattr(config, flag, False):
-            raise ValueError(f"cannot convert {feature} ({flag}=True): the paper's model is post-LN with sinusoids")
+            raise UsageError(f"cannot convert {feature} ({flag}=True): the paper's model is post-LN with sinusoids")
     # BART-era Marian configs say static_position_embeddings=True for sinusoids; False meant learned positions.
     if positional_flag_name is not None and getattr(config, positional_flag_name, True) is False:
-        raise ValueError(f"cannot convert learned positions ({positional_flag_name}=False): only sinusoids convert")
+        raise UsageError(f"cannot convert learned positions ({positional_flag_name}=False): only sinusoids convert")
     norms = [module for module in source.modules() if isinstance(module, nn.LayerNorm)]
     if any(not norm.elementwise_affine or norm.bias is None for norm in norms):
-        raise ValueError("cannot convert LayerNorms without weight and bias")
+        raise UsageError("cannot convert LayerNorms without weight and bias")
     if len({norm.eps for norm in norms}) > 1:
-        raise ValueError(f"cannot convert differing LayerNorm epsilons {sorted({norm.eps for norm in norms})}")
+        raise UsageError(f"cannot convert differing LayerNorm epsilons {sorted({norm.eps for norm in norms})}")
 
 
 def _check_positions(table: torch.Tensor, first_position: int, fairseq: bool, where: str) -> None:
@@ -188,7 +189,7 @@ def _check_positions(table: torch.Tensor, first_position: int, fairseq: bool, wh
     rows = table[first_position:].detach().to("cpu", torch.float32)
     # Float32 sinusoids differ by ~1e-5 at large positions; learned tables by O(0.1).
     if not torch.allclose(rows, expected, atol=1e-3, rtol=0):
-        raise ValueError(f"cannot convert non-sinusoidal positions: {where} does not hold the expected sinusoids")
+        raise UsageError(f"cannot convert non-sinusoidal positions: {where} does not hold the expected sinusoids")
 
 
 def _same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
@@ -251,7 +252,7 @@ def _convert(
             tensor = tensor.index_select(model_axis, permutation)
         converted[our_name] = tensor.reshape(-1) if our_name == "lm_head.bias" else tensor
     if unconsumed:
-        raise ValueError(
+        raise UsageError(
             "cannot convert parameters with no counterpart in the paper's model (e.g. layernorm_embedding or a final "
             f"layer norm): {unconsumed}"
         )
@@ -262,7 +263,7 @@ def _convert(
     wrong_shapes = [name for name in converted if name in expected and converted[name].shape != expected[name].shape]
     if missing or unexpected or wrong_shapes:
         # A source whose structure differs from its config (e.g. a layer count edited by hand) lands here.
-        raise ValueError(
+        raise UsageError(
             f"source tensors do not fit the paper's model: missing {missing}, unexpected {unexpected}, "
             f"wrong shapes {wrong_shapes}"
         )
@@ -314,7 +315,7 @@ def from_fsmt(model: FSMTForConditionalGeneration) -> VaswaniForConditionalGener
         raise TypeError(f"from_fsmt needs an FSMTForConditionalGeneration, got {type(model).__name__}")
     _check_expressible(model)
     if model.config.pad_token_id is None:
-        raise ValueError("cannot convert FSMT without pad_token_id: its positions are counted from pad_token_id + 1")
+        raise UsageError("cannot convert FSMT without pad_token_id: its positions are counted from pad_token_id + 1")
     for stack in (model.model.encoder, model.model.decoder):
         # Positions start at pad + 1; rows up to pad are never used by real tokens.
         _check_positions(
@@ -392,18 +393,18 @@ def convert_folder(kind: str, source_dir: str | os.PathLike, output_dir: str | o
     loads with AutoModelForSeq2SeqLM + AutoTokenizer (trust_remote_code=True where hf_vaswani is not installed).
     """
     if kind not in _CONVERTERS:
-        raise ValueError(f"kind must be one of {sorted(_CONVERTERS)}, got {kind!r}")
+        raise UsageError(f"kind must be one of {sorted(_CONVERTERS)}, got {kind!r}")
     source_dir, output_dir = Path(source_dir), Path(output_dir)
     model_type = AutoConfig.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).model_type
     if model_type != kind:
-        raise ValueError(f"{source_dir} holds a {model_type!r} model, not {kind!r}")
+        raise UsageError(f"{source_dir} holds a {model_type!r} model, not {kind!r}")
     model_class, convert = _CONVERTERS[kind]
     source = model_class.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).eval()
     try:
         # no local_files_only here: tokenizers persist their loading arguments into the tokenizer_config.json we save
         tokenizer = AutoTokenizer.from_pretrained(source_dir, trust_remote_code=False)
     except Exception as error:
-        raise ValueError(f"{source_dir} has no loadable tokenizer, which the translation folder needs") from error
+        raise UsageError(f"{source_dir} has no loadable tokenizer, which the translation folder needs") from error
     converted = convert(source).eval()
     _check_logits(source, converted, tokenizer)
 

@@ -37,8 +37,9 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
 
-from ..decoding.shortlist import write_ctranslate2_vocabulary_map
+from ..decoding.shortlist import Shortlist, write_ctranslate2_vocabulary_map
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from .convert import _layer_target, interleave_permutation
 
@@ -56,13 +57,13 @@ _MARIAN_POSITIONS = {"model.encoder.embed_positions.weight", "model.decoder.embe
 def check_marian_expressible(config: VaswaniConfig) -> None:
     """Raise ValueError naming what a MarianMTModel cannot express."""
     if config.positional_encoding != "sinusoidal":
-        raise ValueError(
+        raise UsageError(
             f"cannot export positional_encoding={config.positional_encoding!r}: MarianMTModel and CTranslate2's "
             "Transformer have the paper's sinusoids only"
         )
     head_size = config.d_model // config.num_heads
     if config.d_model % config.num_heads != 0 or config.d_k != head_size or config.d_v != head_size:
-        raise ValueError(
+        raise UsageError(
             f"cannot export d_k={config.d_k}, d_v={config.d_v} with d_model={config.d_model} and "
             f"num_heads={config.num_heads}: MarianMTModel and CTranslate2 need d_k = d_v = d_model / num_heads"
         )
@@ -125,17 +126,17 @@ def check_vocabulary(model: VaswaniForConditionalGeneration, tokenizer: PreTrain
     """The token strings by id, checked to be the model's one vocabulary (ValueError otherwise)."""
     config = model.config
     if config.eos_token_id is None or tokenizer.unk_token is None:
-        raise ValueError(
+        raise UsageError(
             "cannot export a model without eos_token_id or a tokenizer without unk_token: CTranslate2 needs both"
         )
     if config.source_vocab_size != config.vocab_size:
-        raise ValueError(
+        raise UsageError(
             f"cannot export source_vocab_size={config.source_vocab_size} != vocab_size={config.vocab_size}: "
             "CTranslate2's converter and our tokenizer have one vocabulary for both sides"
         )
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     if len(tokens) != config.vocab_size or len(set(tokens)) != len(tokens):
-        raise ValueError(
+        raise UsageError(
             f"the tokenizer has {len(set(tokens))} distinct tokens for ids 0..{len(tokens) - 1}, the model's "
             f"vocabulary {config.vocab_size}: CTranslate2 needs one token string per vocabulary row"
         )
@@ -147,19 +148,23 @@ def write_ctranslate2(
     tokenizer: PreTrainedTokenizerBase,
     output_dir: str | os.PathLike,
     quantization: str = "float32",
+    shortlist: Shortlist | None = None,
 ) -> Path:
-    """Write `model` as a CTranslate2 model with `tokenizer`'s files beside it, into a new or empty `output_dir`."""
+    """Write `model` as a CTranslate2 model with `tokenizer`'s files beside it, into a new or empty `output_dir`; with
+    `shortlist`, its lists as CTranslate2's vocabulary map."""
     try:
         from ctranslate2.converters.converter import Converter
         from ctranslate2.converters.transformers import BartLoader
         from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
     except ImportError:
-        raise ValueError("CTranslate2 is not installed: pip install 'hf_vaswani[export]'") from None
+        raise UsageError(
+            "CTranslate2 is not installed: pip install ctranslate2 (in a clone of hf_vaswani: pip install '.[export]')"
+        ) from None
     if quantization not in ACCEPTED_MODEL_TYPES:
-        raise ValueError(f"quantization must be one of {', '.join(ACCEPTED_MODEL_TYPES)}, got {quantization!r}")
+        raise UsageError(f"quantization must be one of {', '.join(ACCEPTED_MODEL_TYPES)}, got {quantization!r}")
     output_dir = Path(output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise ValueError(f"{output_dir} already exists and is not an empty folder")
+        raise UsageError(f"{output_dir} already exists and is not an empty folder")
     tokens = check_vocabulary(model, tokenizer)
     config, start = model.config, model.config.decoder_start_token_id
     marian = to_marian(model).float().eval()
@@ -175,7 +180,6 @@ def write_ctranslate2(
             spec.config.layer_norm_epsilon = config.layer_norm_eps
             return spec
 
-    shortlist = getattr(model, "shortlist", None)
     with tempfile.TemporaryDirectory() as scratch:
         vocabulary_map = None
         if shortlist is not None:  # the same lists for both engines: translate_batch(..., use_vmap=True)
@@ -212,11 +216,13 @@ def decoding_note(generation_config: GenerationConfig, shortlist: bool = False) 
 def export_ctranslate2(
     model_folder: str | os.PathLike, output_dir: str | os.PathLike, quantization: str = "float32"
 ) -> Path:
-    """Convert a saved vaswani model folder into a CTranslate2 model folder (model, vocabulary, our tokenizer)."""
+    """Convert a saved vaswani model folder into a CTranslate2 model folder (model, vocabulary, our tokenizer, and the
+    folder's shortlist as a vocabulary map where it holds one)."""
     from ..decoding.loading import load_model_folder
 
     model, tokenizer = load_model_folder(model_folder)
-    return write_ctranslate2(model, tokenizer, output_dir, quantization)
+    shortlist = Shortlist.saved_in(model_folder, model.config.vocab_size)
+    return write_ctranslate2(model, tokenizer, output_dir, quantization, shortlist)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 from transformers.dynamic_module_utils import get_relative_import_files
 
 from ..model import modeling_vaswani
+from ..model.errors_vaswani import UsageError
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -42,7 +43,7 @@ def tokenizer_files(folder: Path) -> list[str]:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError) as error:
         absent = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (folder / name).is_file()]
-        raise ValueError(
+        raise UsageError(
             f"{folder} has no loadable tokenizer{f' (missing {absent})' if absent else ''}: save it into the folder "
             f"with save_model_folder ({error})"
         ) from error
@@ -59,22 +60,22 @@ def upload_plan(folder: str | Path) -> list[Path]:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"{folder} is not a folder")
+        raise UsageError(f"{folder} is not a folder")
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
-        raise ValueError(
+        raise UsageError(
             f"{folder} holds pickled weights {pickles}: publish safetensors only (save_pretrained writes them)"
         )
     names = [*required_files(), *weight_files(folder)]
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"{folder} is not a complete model folder: missing {missing} (write it with save_model_folder)"
         )
     names += tokenizer_files(folder)
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
-        raise ValueError(f"{folder} is not a complete model folder: missing tokenizer files {missing}")
+        raise UsageError(f"{folder} is not a complete model folder: missing tokenizer files {missing}")
     return sorted(folder / name for name in set(names))
 
 

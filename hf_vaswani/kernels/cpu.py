@@ -2,9 +2,10 @@
 
 `kernelize(model)` gives a model's plain modules faster forwards, as transformers' `kernelize` and accelerate's hooks
 do: it changes the class of its nn.Linear and nn.Dropout modules to the subclasses below (no new parameters or
-buffers, so state dicts and saved folders are unchanged), sets its `loss_function` to the chunked loss on the fastest
-products, and wraps its `generate` so that each call multiplies by packed decoding weights. The package applies it
-wherever it builds or loads a model; a model loaded from the Hub as remote code is the plain one, computing the same.
+buffers, so state dicts and saved folders are unchanged) and gives its `loss_function` the fastest products. It
+attaches kernels and nothing else: which search a call runs is the caller's choice (`model.generate`, or the package's
+loop, `hf_vaswani.generate`, which packs the decoding weights for its call). The package applies it wherever it builds
+or loads a model; a model loaded from the Hub as remote code is the plain one, computing the same.
 
 - `FastestKernelLinear`, `packed_weights`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or
   oneDNN's, whichever measures fastest on the running CPU) while decoding on a CPU.
@@ -27,16 +28,15 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from functools import cache, partial, update_wrapper
+from functools import cache, partial
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..decoding import search as decoding_loop
 from ..model.loss_vaswani import label_smoothed_loss
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniMultiHeadAttention
 
@@ -53,22 +53,7 @@ def kernelize(model: PreTrainedModel) -> PreTrainedModel:
             module.__class__ = FastestKernelAttention
     if isinstance(model, VaswaniForConditionalGeneration):
         model.loss_function = partial(label_smoothed_loss, product=product)
-    if isinstance(model, GenerationMixin) and "generate" not in vars(model):
-        # bound by partial, as accelerate's add_hook_to_module binds forward: a deep copy of the model (int8) then
-        # calls its own generate
-        model.generate = update_wrapper(partial(generate_with_packed_weights, model.generate), model.generate)
     return model
-
-
-def generate_with_packed_weights(generate: Callable, *args, **kwargs):
-    """`generate(*args, **kwargs)` with its model's decoding weights packed for the call (`packed_weights`), unless
-    the caller holds them packed for many calls; by the package's decoding loop where it covers the call
-    (decoding_loop.py)."""
-    model = generate.__self__
-    with packed_weights(model):
-        if isinstance(model, VaswaniForConditionalGeneration):
-            return decoding_loop.generate(model, generate, *args, **kwargs)
-        return generate(*args, **kwargs)
 
 
 class FastestKernelLinear(nn.Linear):
@@ -140,8 +125,10 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> 
 
     Which kernel wins depends on the CPU (docs/performance.md), so it is measured where the model runs.
     """
-    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
-    inputs = [torch.randn(rows, in_features) for rows in (8, ROWS_HINT)]
+    random = torch.Generator().manual_seed(0)  # not the global generator: a caller's seeded sampling stays as it was
+    weight = torch.randn(out_features, in_features, generator=random)
+    bias = torch.randn(out_features, generator=random)
+    inputs = [torch.randn(rows, in_features, generator=random) for rows in (8, ROWS_HINT)]
     multiplies: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
         None: partial(nn.functional.linear, weight=weight, bias=bias)
     }
@@ -179,10 +166,9 @@ def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[to
 
 def packed_weights(model: PreTrainedModel) -> AbstractContextManager[None]:
     """The weights of `model`'s decoder and output projection, multiplied at every decoding step, packed while the
-    block runs (`packed_decoder_weights`). A kernelized `generate` packs them for its own call; a loop of `generate`
-    calls over batches holds them packed across the loop with this, saving the packing per call (~60 ms at base
-    size). The weights must not change inside the block. A model without FastestKernelLinear layers has nothing to
-    pack."""
+    block runs (`packed_decoder_weights`). The package's search packs them for its own call; a loop of its calls over
+    batches holds them packed across the loop with this, saving the packing per call. The weights must not change
+    inside the block. A model without FastestKernelLinear layers has nothing to pack."""
     return packed_decoder_weights([model.get_decoder(), model.get_output_embeddings()])
 
 

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..model.errors_vaswani import UsageError
+
 
 def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of `model` for CPU inference whose Linear layers hold int8 weights and quantize their inputs on the fly.
@@ -16,7 +18,7 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     a CPU with AVX-512 VNNI, for a BLEU change within noise (docs/performance.md).
     """
     if model.device.type != "cpu":
-        raise ValueError(f"int8 inference runs on CPU; the model is on {model.device}")
+        raise UsageError(f"int8 inference runs on CPU; the model is on {model.device}")
     with warnings.catch_warnings():
         # torch.ao's eager quantization is deprecated in favour of torchao, whose CPU int8 kernels need torch.compile
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.ao")

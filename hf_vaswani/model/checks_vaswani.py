@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
+from .errors_vaswani import UsageError
+
 # The index types an embedding lookup accepts.
 TOKEN_ID_DTYPES = (torch.int64, torch.int32)
 DIMENSIONS = {2: "batch, length", 3: "batch, length, d_model"}
@@ -19,7 +21,7 @@ def check_tensor(name: str, value: object, ndim: int) -> None:
     dimension), which would fail deep inside the model with an error that names neither."""
     if value is not None and (not isinstance(value, torch.Tensor) or value.ndim != ndim):
         got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"{name} must be a tensor of shape ({DIMENSIONS[ndim]}), got {got}")
+        raise UsageError(f"{name} must be a tensor of shape ({DIMENSIONS[ndim]}), got {got}")
 
 
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignored_id: int | None = None) -> None:
@@ -29,14 +31,14 @@ def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignore
         return
     if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES:
         got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"{name} must be a tensor of token ids (torch.long or torch.int), got {got}")
+        raise UsageError(f"{name} must be a tensor of token ids (torch.long or torch.int), got {got}")
     if torch.compiler.is_compiling():  # a data-dependent check would break a fullgraph compile
         return
     valid = (ids >= 0) & (ids < vocab_size)
     if ignored_id is not None:
         valid |= ids == ignored_id
     if not valid.all():
-        raise ValueError(f"{name} holds id {int(ids[~valid][0])}, outside the vocabulary [0, {vocab_size})")
+        raise UsageError(f"{name} holds id {int(ids[~valid][0])}, outside the vocabulary [0, {vocab_size})")
 
 
 def check_inputs(
@@ -67,19 +69,19 @@ def check_inputs(
     if source is None or target is None:  # the stacks name a missing input themselves
         return
     if source.shape[0] == 0 or source.shape[1] == 0 or target.shape[1] == 0:
-        raise ValueError(f"empty input: source shape {tuple(source.shape)}, decoder input shape {tuple(target.shape)}")
+        raise UsageError(f"empty input: source shape {tuple(source.shape)}, decoder input shape {tuple(target.shape)}")
     if attention_mask is not None and attention_mask.shape != source.shape[:2]:
-        raise ValueError(
+        raise UsageError(
             f"attention_mask shape {tuple(attention_mask.shape)} does not match the source shape "
             f"{tuple(source.shape[:2])}"
         )
     if encoder_outputs is not None and target.shape[0] % source.shape[0] != 0:
-        raise ValueError(
+        raise UsageError(
             f"decoder input shape {tuple(target.shape[:2])}: its batch is not a multiple of the encoder_outputs batch "
             f"{source.shape[0]}"
         )
     if encoder_outputs is None and target.shape[0] != source.shape[0]:
-        raise ValueError(
+        raise UsageError(
             f"decoder input shape {tuple(target.shape[:2])} and source shape {tuple(source.shape[:2])} have "
             "different batch sizes"
         )
@@ -90,7 +92,7 @@ def check_inputs(
         and decoder_attention_mask.ndim == 2
         and (decoder_attention_mask.shape != expected_decoder_mask)
     ):
-        raise ValueError(
+        raise UsageError(
             f"decoder_attention_mask shape {tuple(decoder_attention_mask.shape)} does not match the decoder input "
             f"shape {tuple(target.shape[:2])} after {past_length} cached positions"
         )
@@ -103,24 +105,24 @@ def check_source(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | N
     check_tensor("inputs_embeds", inputs_embeds, 3)
     check_token_ids("input_ids", input_ids, embeddings.num_embeddings)
     if inputs_embeds is not None and inputs_embeds.shape[-1] != embeddings.embedding_dim:
-        raise ValueError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, not d_model {embeddings.embedding_dim}")
+        raise UsageError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, not d_model {embeddings.embedding_dim}")
     # under autocast each operation casts its inputs itself; otherwise the first Linear would refuse another dtype
     if (
         inputs_embeds is not None
         and inputs_embeds.dtype != embeddings.weight.dtype
         and not torch.is_autocast_enabled(inputs_embeds.device.type)
     ):
-        raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}, the model {embeddings.weight.dtype}")
+        raise UsageError(f"inputs_embeds has dtype {inputs_embeds.dtype}, the model {embeddings.weight.dtype}")
     source, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
     if source is not None and 0 in source.shape[:2]:  # every encoded sentence holds at least its </s>
-        raise ValueError(f"{name} holds no token: shape {tuple(source.shape)}")
+        raise UsageError(f"{name} holds no token: shape {tuple(source.shape)}")
 
 
 def check_labels(labels: torch.Tensor, decoder_inputs: torch.Tensor | None, vocab_size: int) -> None:
     """Refuses labels that are not one target id (or -100, ignored) for each decoder input position."""
     check_token_ids("labels", labels, vocab_size, ignored_id=-100)
     if decoder_inputs is not None and labels.shape != decoder_inputs.shape[:2]:
-        raise ValueError(
+        raise UsageError(
             f"labels shape {tuple(labels.shape)} does not match the decoder input shape "
             f"{tuple(decoder_inputs.shape[:2])}"
         )

@@ -12,6 +12,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, PreTrainedConfig
 from transformers.utils import logging
 
+from .errors_vaswani import UsageError
+
 logger = logging.get_logger(__name__)
 
 # Keys that transformers passes to a config, or writes into config.json, which are neither fields nor attributes of
@@ -143,7 +145,7 @@ class VaswaniConfig(PreTrainedConfig):
             fields = [field.name for field in dataclasses.fields(self)]
             suggestion = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {suggestion[0]!r}?" if suggestion else ""
-            raise ValueError(f"{type(self).__name__} has no key {key!r}{hint}")
+            raise UsageError(f"{type(self).__name__} has no key {key!r}{hint}")
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
@@ -164,7 +166,7 @@ class VaswaniConfig(PreTrainedConfig):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{field.name} must be a finite number, got {value}")
+                raise UsageError(f"{field.name} must be a finite number, got {value}")
         for name in (
             "vocab_size",
             "source_vocab_size",
@@ -179,36 +181,36 @@ class VaswaniConfig(PreTrainedConfig):
         ):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+                raise UsageError(f"{name} must be a positive integer, got {value}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads != 0:
-            raise ValueError(
+            raise UsageError(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}) unless d_k and d_v "
                 "are given explicitly"
             )
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value}")
+                raise UsageError(f"{name} must be in [0, 1), got {value}")
         if self.positional_encoding not in ("sinusoidal", "learned", "fairseq_sinusoidal"):
-            raise ValueError(
+            raise UsageError(
                 "positional_encoding must be 'sinusoidal', 'learned' or 'fairseq_sinusoidal', "
                 f"got {self.positional_encoding!r}"
             )
         if self.positional_encoding.endswith("sinusoidal") and self.d_model % 2 != 0:
-            raise ValueError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
+            raise UsageError(f"d_model must be even for sinusoidal positional_encoding, got {self.d_model}")
         if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
-            raise ValueError(
+            raise UsageError(
                 f"source_vocab_size ({self.source_vocab_size}) must equal vocab_size ({self.vocab_size}) when "
                 "share_embeddings is True"
             )
         if self.initialization not in ("tensor2tensor", "fairseq"):
-            raise ValueError(f"initialization must be 'tensor2tensor' or 'fairseq', got {self.initialization!r}")
+            raise UsageError(f"initialization must be 'tensor2tensor' or 'fairseq', got {self.initialization!r}")
         if self.layer_norm_eps <= 0:
-            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+            raise UsageError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
+                raise UsageError(f"{name} ({value}) is outside the vocabulary [0, {self.vocab_size})")
 
     @classmethod
     def base(cls, **overrides) -> "VaswaniConfig":

@@ -33,6 +33,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .checks_vaswani import check_source
+from .errors_vaswani import UsageError
 
 
 class GnmtLengthPenalty(float):
@@ -127,7 +128,7 @@ class BannedColumnsLogitsProcessor(LogitsProcessor):
                 return None  # multi-token bad words depend on the tokens before: theirs handles them
             out_of_vocabulary = [token for (token,) in sequences if token >= vocab_size]
             if out_of_vocabulary:  # theirs raises this at its first call
-                raise ValueError(
+                raise UsageError(
                     f"The model vocabulary size is {vocab_size}, but the following tokens were being biased: "
                     f"{out_of_vocabulary}"
                 )
@@ -177,13 +178,13 @@ def check_generation_settings(settings: dict) -> None:
     for name, least in LEAST_COUNTS.items():
         value = settings.get(name)
         if value is not None and not (isinstance(value, numbers.Integral) and value >= least):
-            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+            raise UsageError(f"{name} must be an integer of at least {least}, got {value!r}")
     penalty = settings.get("length_penalty")
     # NaN compares False with every score: every hypothesis would rank alike
     if penalty is not None and not (isinstance(penalty, numbers.Real) and math.isfinite(penalty)):
-        raise ValueError(f"length_penalty must be a finite number, got {penalty!r}")
+        raise UsageError(f"length_penalty must be a finite number, got {penalty!r}")
     if settings.get("length_penalty_type") not in (None, "gnmt", "power"):
-        raise ValueError(f"length_penalty_type must be 'gnmt' or 'power', got {settings['length_penalty_type']!r}")
+        raise UsageError(f"length_penalty_type must be 'gnmt' or 'power', got {settings['length_penalty_type']!r}")
 
 
 class PaperDecodingMixin:

@@ -36,6 +36,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .checks_vaswani import check_inputs, check_labels, check_source, check_token_ids
 from .configuration_vaswani import VaswaniConfig
+from .errors_vaswani import UsageError
 from .generation_vaswani import PaperDecodingMixin
 from .loss_vaswani import label_smoothed_loss
 from .pipeline_vaswani import TRANSLATION_PIPELINE  # also makes save_pretrained copy the pipeline's file
@@ -85,7 +86,7 @@ def attend_with_shared_source(
     batch_size, _, length, _ = query.shape
     group = batch_size // key.shape[0]
     if group * key.shape[0] != batch_size:
-        raise ValueError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
+        raise UsageError(f"decoder batch {batch_size} is not a multiple of the encoder batch {key.shape[0]}")
     query = query.unflatten(0, (-1, group)).transpose(1, 2).flatten(2, 3)
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :1]  # a padding mask: the same row for every query
@@ -205,7 +206,7 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
             and position_ids.numel()
             and int(position_ids.max()) >= self.num_embeddings
         ):
-            raise ValueError(
+            raise UsageError(
                 f"position {int(position_ids.max())} is beyond max_position_embeddings={self.num_embeddings} of the "
                 "learned positional embeddings; use sinusoidal positional_encoding for unbounded lengths"
             )
@@ -232,7 +233,7 @@ class VaswaniEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """`inputs_embeds`, when given, replaces the token embedding lookup (and is scaled like it)."""
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+            raise UsageError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
@@ -420,11 +421,11 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if encoder_hidden_states is None:
-            raise ValueError("the decoder needs encoder_hidden_states (or encoder_outputs) to attend to")
+            raise UsageError("the decoder needs encoder_hidden_states (or encoder_outputs) to attend to")
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise ValueError(
+            raise UsageError(
                 f"cache must be an EncoderDecoderCache (self- and cross-attention), got {type(cache).__name__}"
             )
         check_token_ids("decoder_input_ids", input_ids, self.embeddings.embed_tokens.num_embeddings)
@@ -610,13 +611,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             `label_smoothing` (0 unless set). Not named label_*: Trainer takes such parameters for labels.
         """
         if not return_logits and labels is None:
-            raise ValueError("return_logits=False computes the loss without logits: it needs labels")
+            raise UsageError("return_logits=False computes the loss without logits: it needs labels")
         if "label_smoothing" in kwargs:  # would pass unread into the attention kwargs
-            raise ValueError("label_smoothing is the config's name: forward takes `smoothing`")
+            raise UsageError("label_smoothing is the config's name: forward takes `smoothing`")
         if smoothing is None:
             smoothing = self.config.label_smoothing
         elif not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+            raise UsageError(f"smoothing must be in [0, 1), got {smoothing}")
         if labels is not None:
             check_labels(
                 labels,

@@ -7,6 +7,8 @@ Saved with every VaswaniForConditionalGeneration (`custom_pipelines` in config.j
 
 from transformers import Pipeline
 
+from .errors_vaswani import UsageError
+
 # The `custom_pipelines` entry of config.json that points transformers' `pipeline` at this file.
 TRANSLATION_PIPELINE = {
     "translation": {"impl": "pipeline_vaswani.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
@@ -31,12 +33,12 @@ class TranslationPipeline(Pipeline):
             if name in kwargs:
                 forward[name] = kwargs.pop(name)
         if kwargs:
-            raise ValueError(f"unknown translation pipeline arguments: {sorted(kwargs)}")
+            raise UsageError(f"unknown translation pipeline arguments: {sorted(kwargs)}")
         return {}, {"generate_kwargs": forward}, {}
 
     def preprocess(self, text: str) -> dict:
         if not isinstance(text, str):
-            raise ValueError(f"the translation pipeline takes strings, got {type(text).__name__}")
+            raise UsageError(f"the translation pipeline takes strings, got {type(text).__name__}")
         return self.tokenizer(text, return_tensors="pt")
 
     def _forward(self, model_inputs: dict, generate_kwargs: dict) -> dict:

@@ -26,6 +26,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..model.errors_vaswani import UsageError
+
 __all__ = ["average_checkpoints", "last_checkpoints"]
 
 WEIGHTS_NAME = "model.safetensors"
@@ -84,7 +86,7 @@ def last_checkpoints(output_dir: str | Path, n: int, up_to_step: int | None = No
         ValueError: ``n < 1`` or there is no checkpoint folder at all (at or before ``up_to_step``).
     """
     if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
+        raise UsageError(f"n must be at least 1, got {n}")
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"{output_dir} is not a directory")
@@ -94,11 +96,11 @@ def last_checkpoints(output_dir: str | Path, n: int, up_to_step: int | None = No
         if match and child.is_dir():
             steps.append((int(match.group(1)), child))
     if not steps:
-        raise ValueError(f"no checkpoint-<step> folder in {output_dir}")
+        raise UsageError(f"no checkpoint-<step> folder in {output_dir}")
     if up_to_step is not None:
         steps = [(step, path) for step, path in steps if step <= up_to_step]
         if not steps:
-            raise ValueError(f"no checkpoint-<step> folder of step {up_to_step} or earlier in {output_dir}")
+            raise UsageError(f"no checkpoint-<step> folder of step {up_to_step} or earlier in {output_dir}")
     steps.sort()
     if len(steps) < n:
         warnings.warn(f"asked for the last {n} checkpoints but {output_dir} holds only {len(steps)}", stacklevel=2)
@@ -111,7 +113,7 @@ def _opened(path: Path) -> Iterator:
     try:
         handle = safe_open(path, framework="pt")
     except SafetensorError as error:
-        raise ValueError(f"{path} is not a readable safetensors file (truncated?): {error}") from error
+        raise UsageError(f"{path} is not a readable safetensors file (truncated?): {error}") from error
     with handle:
         yield handle
 
@@ -123,7 +125,7 @@ def _check_same_model_files(first: Path, checkpoint: Path) -> None:
         if not any(fnmatch.fnmatch(source.name, pattern) for pattern in _TOKENIZER_FILES) or not other.is_file():
             continue
         if source.read_bytes() != other.read_bytes():
-            raise ValueError(f"checkpoints {first} and {checkpoint} have different tokenizers: {source.name} differs")
+            raise UsageError(f"checkpoints {first} and {checkpoint} have different tokenizers: {source.name} differs")
     if (first / "config.json").is_file() and (checkpoint / "config.json").is_file():
         configs = [json.loads((path / "config.json").read_text()) for path in (first, checkpoint)]
         for config in configs:
@@ -133,7 +135,7 @@ def _check_same_model_files(first: Path, checkpoint: Path) -> None:
             key for key in configs[0].keys() | configs[1].keys() if configs[0].get(key) != configs[1].get(key)
         )
         if differing:
-            raise ValueError(f"checkpoints {first} and {checkpoint} have different configs: {differing} differ")
+            raise UsageError(f"checkpoints {first} and {checkpoint} have different configs: {differing} differ")
 
 
 def _weight_files(checkpoint: Path) -> dict[str, Path]:
@@ -173,14 +175,14 @@ def _check_compatible(
 ) -> None:
     missing = sorted(reference.keys() - headers.keys())
     if missing:
-        raise ValueError(f"checkpoint {checkpoint} lacks tensor {missing[0]!r} present in {first}")
+        raise UsageError(f"checkpoint {checkpoint} lacks tensor {missing[0]!r} present in {first}")
     extra = sorted(headers.keys() - reference.keys())
     if extra:
-        raise ValueError(f"checkpoint {checkpoint} has tensor {extra[0]!r} absent from {first}")
+        raise UsageError(f"checkpoint {checkpoint} has tensor {extra[0]!r} absent from {first}")
     for name in sorted(reference):
         if headers[name] != reference[name]:
             (shape, dtype), (ref_shape, ref_dtype) = headers[name], reference[name]
-            raise ValueError(
+            raise UsageError(
                 f"checkpoint {checkpoint}: tensor {name!r} has shape {shape} and dtype {dtype}, "
                 f"but shape {ref_shape} and dtype {ref_dtype} in {first}"
             )
@@ -231,13 +233,13 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
         FileNotFoundError: a checkpoint has no safetensors weights.
     """
     if isinstance(checkpoints, (str, os.PathLike)):  # a str is a Sequence too: each character would be a folder
-        raise ValueError(f"checkpoints must be a list of checkpoint folders, not one path: pass [{str(checkpoints)!r}]")
+        raise UsageError(f"checkpoints must be a list of checkpoint folders, not one path: pass [{str(checkpoints)!r}]")
     if not checkpoints:
-        raise ValueError("average_checkpoints needs at least one checkpoint")
+        raise UsageError("average_checkpoints needs at least one checkpoint")
     paths = [Path(checkpoint) for checkpoint in checkpoints]
     output_dir = Path(output_dir)
     if any(output_dir.resolve() == path.resolve() for path in paths):
-        raise ValueError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose a new folder")
+        raise UsageError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose a new folder")
 
     # Check every header before reading any tensor, so a mismatch fails fast on large checkpoints.
     files = [_weight_files(path) for path in paths]
@@ -256,7 +258,7 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
             if dtypes[name].is_floating_point:
                 sums[name] += tensor.to(torch.float64)
             elif not torch.equal(sums[name], tensor):
-                raise ValueError(
+                raise UsageError(
                     f"checkpoint {path}: non-floating tensor {name!r} ({dtypes[name]}) differs from {paths[0]}; "
                     "integer tensors cannot be averaged"
                 )

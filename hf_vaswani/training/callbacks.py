@@ -14,6 +14,7 @@ from ..data.batching import TokenBatchSampler
 from ..decoding.metrics import corpus_scores, lowercased_tokenized_bleu
 from ..decoding.translation import translate
 from ..files import replace_folder
+from ..model.errors_vaswani import UsageError
 from .averaging import average_checkpoints, last_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -85,9 +86,9 @@ class ValidationBleuCallback(TrainerCallback):
         early_stopping_patience: int | None = None,
     ) -> None:
         if eval_steps <= 0:
-            raise ValueError(f"eval_steps must be positive, got {eval_steps}")
+            raise UsageError(f"eval_steps must be positive, got {eval_steps}")
         if early_stopping_patience is not None and early_stopping_patience <= 0:
-            raise ValueError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
+            raise UsageError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
         self.tokenizer = tokenizer
         self.sources, self.references = list(sources), list(references)
         self.target_lang = target_lang
@@ -203,7 +204,7 @@ class ValidationLossCallback(TrainerCallback):
         early_stopping_patience: int | None = None,
     ) -> None:
         if early_stopping_patience is not None and early_stopping_patience <= 0:
-            raise ValueError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
+            raise UsageError(f"early_stopping_patience must be positive, got {early_stopping_patience}")
         sampler = TokenBatchSampler(
             [len(ids) for ids in dataset["input_ids"]],
             [len(ids) for ids in dataset["labels"]],

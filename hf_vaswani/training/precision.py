@@ -11,6 +11,7 @@ import torch
 from ..interop.model_card import cpu_model_name
 from ..kernels.cpu import kernelize
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from .settings import RecipeSettings, model_config, setting_flag
 
@@ -66,9 +67,9 @@ def training_precision(settings: RecipeSettings) -> str:
         print(f"{flag}: {precision} (on {torch.cuda.get_device_name()})", file=sys.stderr)
         return precision
     if torch.backends.mps.is_available():
-        raise ValueError(f"{flag} measures CPU training; on MPS pass {setting_flag('bf16')} or nothing")
+        raise UsageError(f"{flag} measures CPU training; on MPS pass {setting_flag('bf16')} or nothing")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would measure, and they could disagree
-        raise ValueError(f"{flag} measures in one process; with several, pass {setting_flag('bf16')} or nothing")
+        raise UsageError(f"{flag} measures in one process; with several, pass {setting_flag('bf16')} or nothing")
     if not cpu_bf16_matmul_works():
         print(f"{flag}: fp32 (a bfloat16 matmul traps on this CPU)", file=sys.stderr)
         return "fp32"

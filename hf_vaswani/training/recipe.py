@@ -24,6 +24,7 @@ from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, short
 from ..files import replace_folder, write_text
 from ..interop.model_card import cpu_model_name, gpu_name, write_model_card
 from ..kernels.cpu import kernelize
+from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import paper_generation_config
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..plots import plot_training_curves
@@ -101,7 +102,7 @@ def run_recipe(
     validates = settings.eval_bleu_steps or settings.early_stopping_metric == "loss"
     for split in ("train", "test") + (("validation",) if validates else ()):
         if split not in corpus:
-            raise ValueError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
+            raise UsageError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
     with claimed_run_folder(output_dir):
         return train_and_write(
             corpus, Path(output_dir), settings, source_lang, target_lang, dataset_name, resume, overwrite, command
@@ -124,14 +125,14 @@ def train_and_write(
     previous_run = check_output_dir(output_dir, settings, resume, overwrite)
     fingerprint = corpus_fingerprint(corpus["train"])
     if previous_run and previous_run["train_corpus_sha256"] != fingerprint:
-        raise ValueError(
+        raise UsageError(
             f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
             f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
         )
     if settings.max_train_minutes is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
+        raise UsageError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
     if settings.bpe_dropout is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"{setting_flag('bpe_dropout')} segments in one process; with several, train without it")
+        raise UsageError(f"{setting_flag('bpe_dropout')} segments in one process; with several, train without it")
     precision = training_precision(settings)
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = training_arguments(settings, output_dir / "checkpoints", precision)
@@ -355,7 +356,7 @@ def check_epoch_checkpoints(settings: RecipeSettings, updates_per_epoch: int) ->
     one at the end of each epoch, the last (maybe partial) one ending at max_steps."""
     epochs = math.ceil(settings.max_steps / updates_per_epoch)
     if epochs < settings.average_last:
-        raise ValueError(
+        raise UsageError(
             f"averaging the last {settings.average_last} checkpoints ({setting_flag('average_last')}) with "
             f"{setting_flag('save_every_epoch')} needs {settings.average_last} epochs, but {setting_flag('max_steps')} "
             f"{settings.max_steps} at {updates_per_epoch} updates per epoch makes {epochs}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from ..model.errors_vaswani import UsageError
 from .settings import RecipeSettings, model_config, setting_flag
 
 RUN_RECORD = "run.json"  # the settings and training corpus that define the run in an output folder
@@ -59,7 +60,7 @@ def claimed_run_folder(output_dir: str | Path) -> Iterator[None]:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
-        raise ValueError(
+        raise UsageError(
             f"--output-dir {output_dir} is in use by another run (vaswani train or demo): wait for it to end or "
             "choose another --output-dir"
         ) from None
@@ -84,26 +85,26 @@ def check_output_dir(
     else None. Only the main process judges a run in the folder: the others would see what it has just written.
     """
     if resume and overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
+        raise UsageError("--resume and --overwrite exclude each other")
     output_dir = Path(output_dir)
     check_writable_folder(output_dir)
     found = [name for name in RUN_ENTRIES if (output_dir / name).exists()]
     if not found or overwrite or not is_main_process():
         return None
     if not resume:
-        raise ValueError(
+        raise UsageError(
             f"{output_dir} holds a previous run ({', '.join(found)}): continue it with --resume, replace it with "
             "--overwrite, or choose another --output-dir"
         )
     if not (output_dir / RUN_RECORD).is_file():
-        raise ValueError(
+        raise UsageError(
             f"--resume: {output_dir} holds no {RUN_RECORD} (a run of an older version, or killed before it started), "
             "so its corpus and settings cannot be checked; start again with --overwrite"
         )
     record, previous = read_run_record(output_dir / RUN_RECORD)
     differences = settings_differences(previous, settings)
     if differences:
-        raise ValueError(f"--resume: {'; '.join(differences)} (only --max-steps may grow and decoding change)")
+        raise UsageError(f"--resume: {'; '.join(differences)} (only --max-steps may grow and decoding change)")
     return record
 
 
@@ -116,9 +117,9 @@ def check_writable_folder(folder: Path) -> None:
     existing = next(path for path in (folder, *folder.parents) if path.exists())
     if not existing.is_dir():
         problem = "is a file, not a folder" if existing == folder else f"cannot be created: {existing} is a file"
-        raise ValueError(f"--output-dir {folder} {problem}")
+        raise UsageError(f"--output-dir {folder} {problem}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--output-dir {folder}: {existing} is not writable")
+        raise UsageError(f"--output-dir {folder}: {existing} is not writable")
 
 
 def read_run_record(path: Path) -> tuple[dict, RecipeSettings]:
@@ -130,17 +131,17 @@ def read_run_record(path: Path) -> tuple[dict, RecipeSettings]:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON (empty or cut short)
-        raise ValueError(f"--resume: {path} cannot be read ({error}), {remedy}") from None
+        raise UsageError(f"--resume: {path} cannot be read ({error}), {remedy}") from None
     kinds = {"settings": dict, "train_corpus_sha256": str}
     if not isinstance(record, dict) or any(not isinstance(record.get(key), kind) for key, kind in kinds.items()):
-        raise ValueError(
+        raise UsageError(
             f"--resume: {path} is not a run record (a JSON object with 'settings', an object, and "
             f"'train_corpus_sha256', a string), {remedy}"
         )
     try:  # an unknown setting (a missing one takes its default), a value of the wrong type or range fails here
         previous = RecipeSettings(**record["settings"])
     except (TypeError, ValueError) as error:
-        raise ValueError(f"--resume: the settings in {path} are not valid ({error}), {remedy}") from None
+        raise UsageError(f"--resume: the settings in {path} are not valid ({error}), {remedy}") from None
     return record, previous
 
 

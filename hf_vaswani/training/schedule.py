@@ -6,6 +6,8 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import TrainerCallback
 
+from ..model.errors_vaswani import UsageError
+
 
 def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
     """§5.3, Eq. 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), steps counted from 1."""
@@ -25,9 +27,9 @@ class PaperSchedule:
 
     def __init__(self, d_model: int, warmup_steps: int, cooldown_steps: int | None, total_steps: int | None) -> None:
         if warmup_steps <= 0:
-            raise ValueError(f"warmup_steps must be positive for the paper's schedule, got {warmup_steps}")
+            raise UsageError(f"warmup_steps must be positive for the paper's schedule, got {warmup_steps}")
         if cooldown_steps is not None and not (total_steps is not None and 0 < cooldown_steps <= total_steps):
-            raise ValueError(f"cooldown_steps must be in 1..total_steps ({total_steps}), got {cooldown_steps}")
+            raise UsageError(f"cooldown_steps must be in 1..total_steps ({total_steps}), got {cooldown_steps}")
         self.d_model, self.warmup_steps = d_model, warmup_steps
         self.cooldown_steps, self.total_steps = cooldown_steps, total_steps
 
@@ -65,7 +67,7 @@ class TrainingTimeBudgetCallback(TrainerCallback):
 
     def __init__(self, minutes: float) -> None:
         if minutes <= 0:
-            raise ValueError(f"minutes must be positive, got {minutes}")
+            raise UsageError(f"minutes must be positive, got {minutes}")
         self.seconds = 60 * minutes
         self.schedule: PaperSchedule | None = None  # these three are set when training begins
         self.started = 0.0

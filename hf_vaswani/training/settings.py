@@ -10,6 +10,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..data.tokenization import BPE_KINDS, VOCAB_SIZE
 from ..model.configuration_vaswani import VaswaniConfig
+from ..model.errors_vaswani import UsageError
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
@@ -215,7 +216,7 @@ class RecipeSettings:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"{setting_flag('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}")
+            raise UsageError(f"{setting_flag('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}")
         for name in (
             "vocab_size",
             "bpe_merges",
@@ -240,79 +241,79 @@ class RecipeSettings:
         ):
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:  # NaN fails every comparison, so `value <= 0` too
-                raise ValueError(f"{setting_flag(name)} must be positive and finite, got {value}")
+                raise UsageError(f"{setting_flag(name)} must be positive and finite, got {value}")
         if self.length_penalty is not None and not math.isfinite(self.length_penalty):
-            raise ValueError(f"{setting_flag('length_penalty')} must be a finite number, got {self.length_penalty}")
+            raise UsageError(f"{setting_flag('length_penalty')} must be a finite number, got {self.length_penalty}")
         for name, choices in (
             ("length_penalty_type", (None, *LENGTH_PENALTY_TYPES)),
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
             ("bpe", BPE_KINDS),
         ):
             if getattr(self, name) not in choices:
-                raise ValueError(f"{setting_flag(name)} must be one of {choices}, got {getattr(self, name)!r}")
+                raise UsageError(f"{setting_flag(name)} must be one of {choices}, got {getattr(self, name)!r}")
         if self.bpe_merges is not None and self.bpe != "subword_nmt":
-            raise ValueError(f"{setting_flag('bpe_merges')} sizes {setting_flag('bpe')} subword_nmt's BPE only")
+            raise UsageError(f"{setting_flag('bpe_merges')} sizes {setting_flag('bpe')} subword_nmt's BPE only")
         if self.bpe_merges is not None and self.vocab_size != VOCAB_SIZE:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('bpe_merges')} and {setting_flag('vocab_size')} both size the vocabulary: pass one"
             )
         bleu_patience = self.early_stopping_patience is not None and self.early_stopping_metric == "bleu"
         if bleu_patience and self.eval_bleu_steps is None:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('early_stopping_patience')} needs validation BLEU: set "
                 f"{setting_flag('eval_bleu_steps')}"
             )
         if self.cooldown_steps is not None and self.cooldown_steps > self.max_steps:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('cooldown_steps')} ({self.cooldown_steps}) is larger than {setting_flag('max_steps')} "
                 f"({self.max_steps})"
             )
         precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
         if len(precisions) > 1:
-            raise ValueError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
+            raise UsageError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
         if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"{setting_flag('label_smoothing')} must be in [0, 1), got {self.label_smoothing}")
+            raise UsageError(f"{setting_flag('label_smoothing')} must be in [0, 1), got {self.label_smoothing}")
         if self.bpe_dropout is not None and not 0 < self.bpe_dropout < 1:
-            raise ValueError(f"{setting_flag('bpe_dropout')} must be in (0, 1), got {self.bpe_dropout}")
+            raise UsageError(f"{setting_flag('bpe_dropout')} must be in (0, 1), got {self.bpe_dropout}")
         if self.full_determinism and self.bpe_dropout is not None:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('bpe_dropout')} draws from tokenizers' unseeded generator: a run with it cannot repeat "
                 f"bit for bit ({setting_flag('full_determinism')})"
             )
         if self.full_determinism and self.bf16_if_faster:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('bf16_if_faster')} chooses the precision by timing, which a machine's load can change: "
                 f"with {setting_flag('full_determinism')} choose {setting_flag('bf16')} or float32"
             )
         if self.logging_steps > self.max_steps:
-            raise ValueError(
+            raise UsageError(
                 f"{setting_flag('logging_steps')} ({self.logging_steps}) is larger than {setting_flag('max_steps')} "
                 f"({self.max_steps}): no training loss would be logged for the training curves"
             )
         # With --save-every-epoch the count of checkpoints depends on the epoch's length: checked once it is known.
         if not self.save_every_epoch and self.max_steps // self.save_steps < self.average_last:
-            raise ValueError(
+            raise UsageError(
                 f"averaging the last {self.average_last} checkpoints ({setting_flag('average_last')}) needs "
                 f"{setting_flag('max_steps')} ({self.max_steps}) >= {setting_flag('average_last')} * "
                 f"{setting_flag('save_steps')} ({self.average_last * self.save_steps})"
             )
         for key in self.model_overrides:
             if key in TRAINING_FIELDS:
-                raise ValueError(
+                raise UsageError(
                     f"{setting_flag('model_overrides')} {key}: a training setting, not the model's: set it with "
                     f"{setting_flag(TRAINING_FIELDS[key])}"
                 )
             if key in TOKENIZER_FIELDS:
                 setting = TOKENIZER_FIELDS[key]
                 instead = f"set it with {setting_flag(setting)}" if setting else "it cannot be overridden"
-                raise ValueError(
+                raise UsageError(
                     f"{setting_flag('model_overrides')} {key}: the recipe takes it from the tokenizer it trains; "
                     + instead
                 )
             if key not in OVERRIDABLE_FIELDS:
                 close = difflib.get_close_matches(key, OVERRIDABLE_FIELDS, n=1)
                 hint = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(OVERRIDABLE_FIELDS)}"
-                raise ValueError(f"{setting_flag('model_overrides')} {key}: VaswaniConfig has no such field ({hint})")
+                raise UsageError(f"{setting_flag('model_overrides')} {key}: VaswaniConfig has no such field ({hint})")
         model_config(self)  # the preset with the overrides, its vocabulary a placeholder: refuses bad values now
 
 
@@ -328,7 +329,7 @@ def model_config(settings: RecipeSettings, **tokenizer_fields: int) -> VaswaniCo
         return PRESETS[settings.preset](**tokenizer_fields, **settings.model_overrides)
     except (ValueError, StrictDataclassError) as error:  # strict's type errors are no ValueErrors
         message = " ".join(str(error).split())
-        raise ValueError(f"VaswaniConfig refuses the settings: {message}") from error
+        raise UsageError(f"VaswaniConfig refuses the settings: {message}") from error
 
 
 # The main job on the embedded corpus: a small model that reaches BLEU > 90 within minutes on a 2-core CPU.

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTraine
 
 from ..data.batching import TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
+from ..model.errors_vaswani import UsageError
 from .precision import cpu_bf16_matmul_works
 from .schedule import paper_lr_scheduler
 
@@ -44,7 +45,7 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
     )
     arguments = {**settings, **overrides}
     if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():
-        raise ValueError(
+        raise UsageError(
             "bf16 on this CPU: a bfloat16 matmul stops the process with an illegal instruction (the CPU advertises AMX "
             "that this machine does not enable, as on some virtual machines). Set ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 "
             "in the environment to use AVX-512 BF16 without AMX, or train in fp32."
@@ -94,7 +95,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if max_tokens is not None and max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+            raise UsageError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
         self.cooldown_steps = cooldown_steps
         # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
@@ -110,7 +111,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         dataset = self.train_dataset
         if isinstance(dataset, BpeDropoutPairs):
             if self.args.world_size > 1:  # the processes' segmentations, and so their batches, would differ
-                raise ValueError("BPE-dropout segments in one process; with several, train without it")
+                raise UsageError("BPE-dropout segments in one process; with several, train without it")
             sampler = resegmented_batch_sampler(dataset, self.max_tokens, seed=self.args.seed)
         else:
             if self.args.remove_unused_columns:  # as Trainer's own loader: the collator gets only what forward takes

@@ -1,15 +1,30 @@
-"""The package's decoding loop (hf_vaswani/decoding_loop.py) against transformers' own: same sequences, same scores."""
+"""The package's decoding loop (hf_vaswani/decoding/search.py) against transformers' own: same sequences, same scores;
+and which of the two a call runs."""
 
 import pytest
 import torch
 from helpers import EOS, best, exhaustive_scores, offset_eos_logit, padded_batch, peaked_model, sharpened, strip
-from tiny import PROBE_SENTENCES, TINY_MODEL, UNEVEN_MODEL, random_model
-from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
+from tiny import PROBE_SENTENCES, TINY_MODEL, UNEVEN_MODEL, random_model, tiny_marian
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    GenerationConfig,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+)
 
 from hf_vaswani import kernelize
 from hf_vaswani.decoding.loading import load_model_folder
-from hf_vaswani.decoding.search import DECODING_LOOPS, INACTIVE_VALUES, READ_SETTINGS, UNREAD_SETTINGS
-from hf_vaswani.model.generation_vaswani import paper_generation_config
+from hf_vaswani.decoding.search import (
+    INACTIVE_VALUES,
+    READ_SETTINGS,
+    UNREAD_SETTINGS,
+    Request,
+    covered_request,
+    generate,
+)
+from hf_vaswani.interop.convert import from_marian
+from hf_vaswani.kernels.cpu import packed_weights
+from hf_vaswani.model.generation_vaswani import PaperDecodingMixin, paper_generation_config
 
 # Each covered option, alone or with the others it is used with; every one is run by both loops on each model below.
 COVERED_CALLS = {
@@ -58,6 +73,20 @@ def assert_same_output(ours, theirs) -> None:
             torch.testing.assert_close(ours_step, theirs_step, rtol=1e-6, atol=1e-6)
 
 
+def by_transformers_loop(model, inputs=None, **kwargs):
+    """`model.generate`, its products multiplied as the package's search multiplies them (packed weights, where the
+    CPU has a faster kernel for them): the loops are compared, not the kernels."""
+    with packed_weights(model):
+        return model.generate(inputs, **kwargs)
+
+
+def by_package_loop(model, inputs=None, **kwargs):
+    """The package's search on a call that its loop must cover: a call passed on to transformers' loop fails here."""
+    request = covered_request(model, inputs, None, kwargs)
+    assert isinstance(request, Request), request
+    return generate(model, inputs, **kwargs)
+
+
 @pytest.mark.parametrize(("seed", "sizes", "changes"), MODELS, ids=[str(seed) for seed, _, _ in MODELS])
 def test_covered_calls_decode_as_transformers_loop(seed: int, sizes: dict, changes: dict) -> None:
     model = sharpened(kernelize(random_model(seed, sizes, **changes)))
@@ -65,8 +94,8 @@ def test_covered_calls_decode_as_transformers_loop(seed: int, sizes: dict, chang
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=seed, eos_token_id=EOS)
     ends_seen = set()
     for name, call in COVERED_CALLS.items():
-        ours = model.generate(source, attention_mask=mask, decoding_loop="package", **call)
-        theirs = model.generate(source, attention_mask=mask, decoding_loop="transformers", **call)
+        ours = by_package_loop(model, source, attention_mask=mask, **call)
+        theirs = by_transformers_loop(model, source, attention_mask=mask, **call)
         assert_same_output(ours, theirs), name
         sequences = ours if isinstance(ours, torch.Tensor) else ours.sequences
         ends_seen.update(int(row.eq(EOS).nonzero()[0]) if row.eq(EOS).any() else -1 for row in sequences)
@@ -76,12 +105,12 @@ def test_covered_calls_decode_as_transformers_loop(seed: int, sizes: dict, chang
 def test_without_a_mask_the_whole_source_is_attended_as_by_transformers() -> None:
     model = sharpened(kernelize(random_model(7, TINY_MODEL)))
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=7, eos_token_id=EOS)
-    masked = model.generate(source, attention_mask=mask, max_new_tokens=6, decoding_loop="transformers")
-    unmasked = model.generate(source, max_new_tokens=6, decoding_loop="transformers")
+    masked = model.generate(source, attention_mask=mask, max_new_tokens=6)
+    unmasked = model.generate(source, max_new_tokens=6)
     assert not torch.equal(masked, unmasked), "the padding changes nothing here: the test would prove nothing"
     for num_beams in (1, 4):
-        ours = model.generate(source, num_beams=num_beams, max_new_tokens=6, decoding_loop="package")
-        theirs = model.generate(source, num_beams=num_beams, max_new_tokens=6, decoding_loop="transformers")
+        ours = by_package_loop(model, source, num_beams=num_beams, max_new_tokens=6)
+        theirs = by_transformers_loop(model, source, num_beams=num_beams, max_new_tokens=6)
         assert torch.equal(ours, theirs)
 
 
@@ -98,7 +127,8 @@ def test_wide_beams_return_the_exhaustive_search_best() -> None:
             expected, margin = best(scores, form)
             if margin < 1e-4:
                 continue  # a near tie: float rounding could pick either
-            output = model.generate(
+            output = by_package_loop(
+                model,
                 source,
                 num_beams=5**max_new,
                 max_new_tokens=max_new,
@@ -108,7 +138,6 @@ def test_wide_beams_return_the_exhaustive_search_best() -> None:
                 max_new_tokens_over_source=None,
                 output_scores=True,
                 return_dict_in_generate=True,
-                decoding_loop="package",
             )
             assert strip(output.sequences[0]) == expected, (seed, form)
             assert float(output.sequences_scores[0]) == pytest.approx(scores[expected][form], abs=1e-4)
@@ -120,8 +149,8 @@ def test_the_trained_models_translations_are_the_same(trained_folder) -> None:
     model, tokenizer = load_model_folder(trained_folder)  # kernelized, as the package loads models
     batch = tokenizer(PROBE_SENTENCES, return_tensors="pt", padding=True)
     for num_beams in (1, 4):
-        ours = model.generate(**batch, num_beams=num_beams, decoding_loop="package")
-        theirs = model.generate(**batch, num_beams=num_beams, decoding_loop="transformers")
+        ours = by_package_loop(model, **batch, num_beams=num_beams)
+        theirs = by_transformers_loop(model, **batch, num_beams=num_beams)
         assert torch.equal(ours, theirs)
         assert tokenizer.batch_decode(ours, skip_special_tokens=True) == [s.upper() for s in PROBE_SENTENCES]
 
@@ -137,35 +166,53 @@ def test_calls_it_does_not_cover_go_to_transformers_loop(monkeypatch) -> None:
         "bad_words_ids of several tokens": dict(bad_words_ids=[[5, 6]]),
     }
     for reason, call in uncovered.items():
-        with pytest.raises(ValueError, match=f"does not cover this call: .*{reason.split('=')[0]}"):
-            model.generate(source, max_new_tokens=4, decoding_loop="package", **call)
+        assert reason.split("=")[0] in covered_request(model, source, None, dict(max_new_tokens=4, **call))
         torch.manual_seed(0)
-        auto = model.generate(source, max_new_tokens=4, **call)
+        ours = generate(model, source, max_new_tokens=4, **call)
         torch.manual_seed(0)
-        theirs = model.generate(source, max_new_tokens=4, decoding_loop="transformers", **call)
-        assert torch.equal(getattr(auto, "sequences", auto), getattr(theirs, "sequences", theirs)), reason
+        theirs = by_transformers_loop(model, source, max_new_tokens=4, **call)
+        assert torch.equal(getattr(ours, "sequences", ours), getattr(theirs, "sequences", theirs)), reason
     # more than inputs and generation_config by position: the same refusal as the model's own generate
     processors = LogitsProcessorList([TemperatureLogitsWarper(0.5)])
-    for loop in DECODING_LOOPS:
+    for search in (generate, model.generate):
         with pytest.raises(TypeError, match="generate\\(\\) takes from 1 to 3 positional arguments but 4"):
-            model.generate(source, None, processors, max_new_tokens=4, decoding_loop=loop)
+            search(model, source, None, processors) if search is generate else search(source, None, processors)
 
 
-def test_the_loop_is_chosen_by_argument_or_generation_config(monkeypatch) -> None:
-    from hf_vaswani.decoding import search as decoding_loop
+def models_built_loaded_and_converted(folder) -> dict:
+    """The package's model as each way of making one gives it: built, loaded by the package and by the Auto classes
+    (also from a folder with remote code), and converted from a MarianMTModel."""
+    built = random_model(0, TINY_MODEL)
+    built.save_pretrained(folder)
+    return {
+        "built": built,
+        "kernelized": kernelize(random_model(0, TINY_MODEL)),
+        "Auto class": AutoModelForSeq2SeqLM.from_pretrained(folder),
+        "Auto class, remote code": AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True),
+        "converted": from_marian(tiny_marian(scale_embedding=True, forced_eos_token_id=None)),  # a call both loops run
+    }
 
-    model = kernelize(random_model(0, TINY_MODEL))
-    source = torch.tensor([[5, 6, 7, EOS]])
-    calls = []
-    monkeypatch.setattr(decoding_loop, "decode", lambda *args: calls.append("package") or torch.ones(1, 1))
-    model.generate(source, max_new_tokens=3)
-    model.generate(source, max_new_tokens=3, decoding_loop="transformers")
-    model.generation_config.decoding_loop = "transformers"
-    model.generate(source, max_new_tokens=3)
-    model.generate(source, max_new_tokens=3, generation_config=GenerationConfig(decoding_loop="package"))
-    assert calls == ["package", "package"]
-    with pytest.raises(ValueError, match="decoding_loop must be one of auto, package, transformers, got 'fast'"):
-        model.generate(source, max_new_tokens=3, decoding_loop="fast")
+
+def test_each_search_is_the_same_however_the_model_was_made(tmp_path, trained_folder, monkeypatch) -> None:
+    """`model.generate` is transformers' loop and `hf_vaswani.generate` the package's, for every model: nothing that
+    builds, loads, converts or kernelizes a model replaces its `generate`."""
+    from hf_vaswani.decoding import search
+
+    models = models_built_loaded_and_converted(tmp_path / "model")
+    models["loaded by the package"] = load_model_folder(trained_folder)[0]
+    package_calls = []
+    real_decode = search.decode
+    monkeypatch.setattr(search, "decode", lambda *args: package_calls.append(1) or real_decode(*args))
+    for name, model in models.items():
+        assert "generate" not in vars(model), name
+        assert type(model).generate is PaperDecodingMixin.generate, name
+        source = torch.tensor([[5, 6, 7, 2]])
+        theirs = by_transformers_loop(model, source, max_new_tokens=3, num_beams=2)
+        assert package_calls == [], name
+        ours = generate(model, source, max_new_tokens=3, num_beams=2)
+        assert package_calls == [1], name
+        assert torch.equal(ours, theirs), name
+        package_calls.clear()
 
 
 def test_every_generation_setting_is_read_unread_or_covered_only_where_inactive() -> None:

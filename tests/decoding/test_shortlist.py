@@ -1,4 +1,5 @@
-"""The vocabulary shortlist (hf_vaswani/shortlist.py): built as its formula says, decoded as a masked vocabulary."""
+"""The vocabulary shortlist (hf_vaswani/decoding/shortlist.py): built as its formula says, decoded as a masked
+vocabulary."""
 
 import math
 
@@ -8,7 +9,7 @@ from helpers import EOS, padded_batch, refused, sharpened
 from tiny import PROBE_SENTENCES, TINY_MODEL, capitalised_pairs, random_model
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_vaswani import kernelize
+from hf_vaswani import UsageError, generate, kernelize
 from hf_vaswani.cli import main
 from hf_vaswani.decoding.loading import load_model_folder
 from hf_vaswani.decoding.search import projection_over
@@ -19,6 +20,7 @@ from hf_vaswani.decoding.shortlist import (
     shortlist_of_corpus,
     write_ctranslate2_vocabulary_map,
 )
+from hf_vaswani.kernels.cpu import packed_weights
 from hf_vaswani.kernels.quantization import quantize_int8
 
 CORPUS = [  # (source ids, target ids): token 9 is in every target, 4 -> 7 always, 5 -> 8 mostly
@@ -82,21 +84,21 @@ def test_decoding_with_a_shortlist_is_decoding_with_the_other_tokens_barred_and_
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=seed, eos_token_id=EOS)
     generator = torch.Generator().manual_seed(seed)
     listed = torch.randperm(model.config.vocab_size, generator=generator)[:20]
-    model.shortlist = Shortlist(
+    shortlist = Shortlist(
         always=torch.tensor([2, 3]), candidates=listed[torch.randint(0, 20, (model.config.vocab_size, 4))]
     )
-    columns = model.shortlist.columns(source, mask)
+    columns = shortlist.columns(source, mask)
     assert 6 < len(columns) < model.config.vocab_size - 10
     for call in (dict(num_beams=1), dict(num_beams=4), dict(num_beams=3, num_return_sequences=2)):
         common = dict(attention_mask=mask, output_scores=True, return_dict_in_generate=True, **call)
-        ours = model.generate(source, use_shortlist=True, **common)
-        reference = model.generate(
-            source,
-            logits_processor=LogitsProcessorList([OutsideColumnsBarred(columns)]),
-            renormalize_logits=True,
-            decoding_loop="transformers",
-            **common,
-        )
+        ours = generate(model, source, shortlist=shortlist, **common)
+        with packed_weights(model):  # multiplied as the package's search multiplies: the loops are compared
+            reference = model.generate(
+                source,
+                logits_processor=LogitsProcessorList([OutsideColumnsBarred(columns)]),
+                renormalize_logits=True,
+                **common,
+            )
         assert torch.equal(ours.sequences, reference.sequences), call
         assert set(ours.sequences[:, 1:].unique().tolist()) <= set(columns.tolist()) | {0}
         if call["num_beams"] > 1:
@@ -123,10 +125,13 @@ def test_a_shortlist_of_every_token_decodes_as_the_whole_vocabulary() -> None:
     model = sharpened(kernelize(random_model(3, TINY_MODEL)))
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=3, eos_token_id=EOS)
     vocabulary = torch.arange(model.config.vocab_size)
-    model.shortlist = Shortlist(always=vocabulary, candidates=torch.full((model.config.vocab_size, 1), -1))
+    shortlist = Shortlist(always=vocabulary, candidates=torch.full((model.config.vocab_size, 1), -1))
     for num_beams in (1, 4):
-        whole = model.generate(source, attention_mask=mask, num_beams=num_beams)
-        assert torch.equal(model.generate(source, attention_mask=mask, num_beams=num_beams, use_shortlist=True), whole)
+        with packed_weights(model):
+            whole = model.generate(source, attention_mask=mask, num_beams=num_beams)
+        assert torch.equal(
+            generate(model, source, attention_mask=mask, num_beams=num_beams, shortlist=shortlist), whole
+        )
 
 
 def test_saved_loaded_and_refused_when_damaged(tmp_path) -> None:
@@ -167,27 +172,22 @@ def test_shortlist_and_translate_commands(tmp_path, trained_folder, capsys) -> N
     assert capsys.readouterr().out.strip() == str(folder / SHORTLIST_FILE)
     model, tokenizer = load_model_folder(folder)
     batch = tokenizer(PROBE_SENTENCES, return_tensors="pt", padding=True)
-    assert len(model.shortlist.columns(batch["input_ids"], batch["attention_mask"])) < len(tokenizer) / 2
+    shortlist = Shortlist.saved_in(folder, len(tokenizer))
+    assert len(shortlist.columns(batch["input_ids"], batch["attention_mask"])) < len(tokenizer) / 2
     (tmp_path / "probe.txt").write_text("\n".join(PROBE_SENTENCES) + "\n", encoding="utf-8")
     for int8 in ([], ["--int8"]):
         main(["translate", str(folder), "--input", str(tmp_path / "probe.txt"), "--shortlist", *int8])
         assert capsys.readouterr().out.splitlines() == [sentence.upper() for sentence in PROBE_SENTENCES], int8
-    quantized = quantize_int8(model)
-    assert quantized.shortlist is not None
 
 
-def test_use_shortlist_is_refused_where_it_cannot_apply() -> None:
+def test_a_shortlist_is_refused_where_the_package_loop_does_not_run() -> None:
     model = kernelize(random_model(0, TINY_MODEL))
     source = torch.tensor([[5, 6, 2]])
-    with pytest.raises(ValueError, match="the model has no shortlist"):
-        model.generate(source, use_shortlist=True)
-    model.shortlist = build_shortlist(CORPUS, model.config.vocab_size, special_ids=[2], per_source=1, frequent=1)
-    with pytest.raises(ValueError, match="not decoding_loop='transformers'"):
-        model.generate(source, use_shortlist=True, decoding_loop="transformers")
-    with pytest.raises(ValueError, match="use_shortlist=True: the package's decoding loop does not cover .*do_sample"):
-        model.generate(source, use_shortlist=True, do_sample=True)
-    with pytest.raises(ValueError, match="use_shortlist must be True or False"):
-        model.generate(source, use_shortlist="yes")
+    shortlist = build_shortlist(CORPUS, model.config.vocab_size, special_ids=[2], per_source=1, frequent=1)
+    with pytest.raises(
+        UsageError, match="a shortlist needs the package's decoding loop, which does not cover do_sample"
+    ):
+        generate(model, source, shortlist=shortlist, do_sample=True)
 
 
 def test_ctranslate2_with_the_exported_vocabulary_map_decodes_as_ours_with_the_shortlist(tmp_path, trained_folder):
@@ -197,11 +197,11 @@ def test_ctranslate2_with_the_exported_vocabulary_map_decodes_as_ours_with_the_s
     model, tokenizer = load_model_folder(trained_folder)
     sources, targets = map(list, zip(*capitalised_pairs(400, seed=0), strict=True))
     # targets paired with the wrong sources: the lists miss the right tokens, so that the list visibly decides
-    model.shortlist = shortlist_of_corpus(tokenizer, sources, targets[1:] + targets[:1], len(tokenizer), 2, 0)
+    shortlist = shortlist_of_corpus(tokenizer, sources, targets[1:] + targets[:1], len(tokenizer), 2, 0)
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    model.shortlist.save(folder)
+    shortlist.save(folder)
     exported = export_ctranslate2(folder, tmp_path / "ct2")
     assert (exported / "vmap.txt").is_file()
     translator = ctranslate2.Translator(str(exported), intra_threads=1)
@@ -209,7 +209,7 @@ def test_ctranslate2_with_the_exported_vocabulary_map_decodes_as_ours_with_the_s
         source = tokenizer([sentence], return_tensors="pt")
         outputs = {}
         for use_vmap in (True, False):
-            ours = model.generate(**source, num_beams=1, use_shortlist=use_vmap, max_new_tokens=12)
+            ours = generate(model, **source, num_beams=1, shortlist=shortlist if use_vmap else None, max_new_tokens=12)
             results = translator.translate_batch(
                 [tokenizer.convert_ids_to_tokens(source["input_ids"][0])],
                 beam_size=1,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_without_hf_vaswani
+from tiny import MARIAN_SMALL, tiny_marian
 from torch import nn
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -31,19 +32,14 @@ from hf_vaswani.cli import main
 from hf_vaswani.interop.convert import convert_folder, from_fsmt, from_marian, interleave_permutation
 from hf_vaswani.model.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
 
-SMALL = dict(
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=24,
-    decoder_ffn_dim=24,
-    dropout=0.0,
-    activation_function="relu",
-)
 # A different shape: three heads, one encoder layer against two decoder layers.
-OTHER_SHAPE = {**SMALL, "d_model": 24, "encoder_attention_heads": 3, "decoder_attention_heads": 3, "encoder_layers": 1}
+OTHER_SHAPE = {
+    **MARIAN_SMALL,
+    "d_model": 24,
+    "encoder_attention_heads": 3,
+    "decoder_attention_heads": 3,
+    "encoder_layers": 1,
+}
 
 
 @dataclass
@@ -123,7 +119,14 @@ class Case:
 CASES = {
     "marian-shared-tied-bias-scaled": Case(
         "marian",
-        dict(**SMALL, vocab_size=30, pad_token_id=29, decoder_start_token_id=29, eos_token_id=0, scale_embedding=True),
+        dict(
+            **MARIAN_SMALL,
+            vocab_size=30,
+            pad_token_id=29,
+            decoder_start_token_id=29,
+            eos_token_id=0,
+            scale_embedding=True,
+        ),
         True,
         dict(share_embeddings=True, tie_word_embeddings=True, vocab_size=30, source_vocab_size=30, output_bias=True),
     ),
@@ -144,7 +147,7 @@ CASES = {
     "marian-separate-untied-bias": Case(
         "marian",
         dict(
-            **SMALL,
+            **MARIAN_SMALL,
             vocab_size=30,
             decoder_vocab_size=25,
             share_encoder_decoder_embeddings=False,
@@ -159,14 +162,14 @@ CASES = {
     # transformers' Marian unties the encoder and decoder embeddings too when tie_word_embeddings=False.
     "marian-shared-untied": Case(
         "marian",
-        dict(**SMALL, vocab_size=30, pad_token_id=29, decoder_start_token_id=29, eos_token_id=0)
+        dict(**MARIAN_SMALL, vocab_size=30, pad_token_id=29, decoder_start_token_id=29, eos_token_id=0)
         | {"tie_word_embeddings": False},
         False,
         dict(share_embeddings=False, tie_word_embeddings=False, vocab_size=30, source_vocab_size=30),
     ),
     "fsmt-separate-untied": Case(
         "fsmt",
-        dict(**SMALL, langs=["en", "de"], src_vocab_size=30, tgt_vocab_size=25),
+        dict(**MARIAN_SMALL, langs=["en", "de"], src_vocab_size=30, tgt_vocab_size=25),
         False,
         dict(share_embeddings=False, tie_word_embeddings=False, vocab_size=25, source_vocab_size=30, output_bias=False),
     ),
@@ -179,7 +182,7 @@ CASES = {
     ),
     "fsmt-same-size-unscaled": Case(
         "fsmt",
-        dict(**SMALL, langs=["en", "de"], src_vocab_size=28, tgt_vocab_size=28, scale_embedding=False),
+        dict(**MARIAN_SMALL, langs=["en", "de"], src_vocab_size=28, tgt_vocab_size=28, scale_embedding=False),
         False,
         dict(share_embeddings=False, tie_word_embeddings=False, scale_embedding=False, vocab_size=28),
     ),
@@ -274,13 +277,8 @@ def test_permutation_turns_halves_into_interleaved_sinusoids() -> None:
         torch.testing.assert_close(theirs.float()[:, interleave_permutation(16)], ours, atol=1e-5, rtol=0)
 
 
-def tiny_marian(**overrides) -> MarianMTModel:
-    settings = {**SMALL, "vocab_size": 30, "pad_token_id": 29, "decoder_start_token_id": 29, "eos_token_id": 0}
-    return MarianMTModel(MarianConfig(**{**settings, **overrides})).eval()
-
-
 def tiny_fsmt(**overrides) -> FSMTForConditionalGeneration:
-    settings = {**SMALL, "langs": ["en", "de"], "src_vocab_size": 30, "tgt_vocab_size": 25}
+    settings = {**MARIAN_SMALL, "langs": ["en", "de"], "src_vocab_size": 30, "tgt_vocab_size": 25}
     return FSMTForConditionalGeneration(FSMTConfig(**{**settings, **overrides})).eval()
 
 
@@ -405,7 +403,7 @@ def test_convert_folder_round_trip_with_marian_tokenizer(tmp_path: Path, monkeyp
     tokenizer = MarianTokenizer(*files, source_lang="en", target_lang="de")
     torch.manual_seed(0)
     pad = tokenizer.pad_token_id
-    config = dict(SMALL, vocab_size=len(tokenizer), pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0)
+    config = dict(MARIAN_SMALL, vocab_size=len(tokenizer), pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0)
     model = MarianMTModel(MarianConfig(**config, scale_embedding=True))
     model.final_logits_bias.normal_(std=0.1)
     teach(model, len(tokenizer), len(tokenizer), marian_special(pad))
@@ -467,7 +465,7 @@ def test_convert_folder_fsmt(tmp_path: Path) -> None:
     source_vocab, target_vocab = tokenizer.src_vocab_size, tokenizer.tgt_vocab_size
     torch.manual_seed(0)
     model = FSMTForConditionalGeneration(
-        FSMTConfig(**SMALL, langs=["en", "de"], src_vocab_size=source_vocab, tgt_vocab_size=target_vocab)
+        FSMTConfig(**MARIAN_SMALL, langs=["en", "de"], src_vocab_size=source_vocab, tgt_vocab_size=target_vocab)
     )
     teach(model, source_vocab, target_vocab, FSMT)
     model.generation_config.update(max_length=16)

@@ -19,7 +19,7 @@ from hf_vaswani.interop.export import decoding_note, export_ctranslate2
 from hf_vaswani.training.recipe import run_recipe
 from hf_vaswani.training.settings import DEMO_SETTINGS
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 not installed: pip install 'hf_vaswani[export]'")
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 not installed: pip install '.[export]'")
 
 # The demo's model, corpus and decoding on a schedule that fits the default suite (a minute or two): more, smaller
 # batches learn faster per second than the demo's; Eq. 3 x 0.8 keeps them from collapsing into a unigram model; no

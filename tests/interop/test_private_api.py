@@ -95,7 +95,7 @@ def test_huggingface_hub_http_error_is_its_clients_error_base() -> None:
 
 
 def test_generation_mixin_prepare_generation_config() -> None:
-    """decoding_loop resolves a call's settings with it, exactly as transformers' generate does: the given config,
+    """The package's search resolves a call's settings with it, as transformers' generate does: the given config,
     then the model's, then the defaults, the call's arguments last, the rest handed back as model arguments."""
     from tiny import TINY_MODEL, random_model
 

@@ -23,7 +23,7 @@ from transformers import AttentionInterface, AutoModelForSeq2SeqLM, AutoTokenize
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, generate
 from hf_vaswani.cli import main
 from hf_vaswani.kernels import cpu as cpu_kernels
 from hf_vaswani.kernels.cpu import (
@@ -62,8 +62,9 @@ def test_kernelize_swaps_the_plain_modules_and_changes_neither_the_weights_nor_t
     assert all(counts.values())
     assert {kind: sum(type(m) is kernel for m in model.modules()) for kind, kernel in kinds.items()} == counts
     assert not any(type(m) in kinds for m in model.modules())
-    generate = model.generate
-    assert kernelize(model) is model and model.generate is generate  # twice: nothing more
+    assert "generate" not in vars(model)  # kernels only: the search a call runs is not a kernel's to choose
+    classes = [type(m) for m in model.modules()]
+    assert kernelize(model) is model and [type(m) for m in model.modules()] == classes  # twice: nothing more
     assert model.state_dict().keys() == plain.state_dict().keys()
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in plain.state_dict().items())
     plain.save_pretrained(tmp_path / "plain")
@@ -98,13 +99,13 @@ def test_a_kernelized_model_computes_what_the_plain_one_computes(attn_implementa
             torch.testing.assert_close(got_grad, expected_grad)
     options = dict(num_beams=3, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     with torch.inference_mode():
-        expected, got = (each.eval().generate(input_ids=source, **options) for each in (plain, model))
+        expected, got = (generate(each.eval(), input_ids=source, **options) for each in (plain, model))
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
 
 
 def test_a_copy_of_a_kernelized_model_generates_with_its_own_weights() -> None:
-    """kernelize binds `generate` to its model the way deepcopy follows (as quantize_int8 copies a model)."""
+    """A deep copy of a kernelized model (as quantize_int8 makes) decodes with its own weights, packed for it."""
     torch.manual_seed(0)
     config = VaswaniConfig(**TINY_MODEL)
     model = kernelize(VaswaniForConditionalGeneration(config)).eval()
@@ -115,10 +116,10 @@ def test_a_copy_of_a_kernelized_model_generates_with_its_own_weights() -> None:
     reference.load_state_dict(clone.state_dict())
     source = torch.randint(4, config.vocab_size, (2, 6))
     options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
-    got, expected = clone.generate(input_ids=source, **options), reference.generate(input_ids=source, **options)
+    got, expected = generate(clone, input_ids=source, **options), reference.generate(input_ids=source, **options)
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
-    assert not torch.equal(model.generate(input_ids=source, **options).sequences_scores, got.sequences_scores)
+    assert not torch.equal(generate(model, input_ids=source, **options).sequences_scores, got.sequences_scores)
 
 
 @pytest.fixture(params=AVAILABLE_KERNELS)
@@ -277,7 +278,7 @@ def test_decoding_with_either_attention_kernel_gives_the_plain_models_beams(
     mask[1, 5:] = 0
     options = dict(num_beams=3, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     with torch.inference_mode():
-        expected, got = (each.generate(input_ids=source, attention_mask=mask, **options) for each in (plain, model))
+        expected, got = (generate(each, input_ids=source, attention_mask=mask, **options) for each in (plain, model))
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(got.sequences_scores, expected.sequences_scores)
     # the encoder's attention over 7 positions (8: a power of two), a step's self-attention (1 query) and its
@@ -390,13 +391,13 @@ def test_generate_after_an_in_place_weight_update_uses_the_new_weights(packed_ke
     model = kernelize(VaswaniForConditionalGeneration(config)).eval()
     source = torch.randint(4, config.vocab_size, (2, 6))
     options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
-    model.generate(input_ids=source, **options)
+    generate(model, input_ids=source, **options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
     model.train()
     model(input_ids=source, labels=source).loss.backward()
     optimizer.step()
     model.eval()
-    after = model.generate(input_ids=source, **options)
+    after = generate(model, input_ids=source, **options)
     fresh = VaswaniForConditionalGeneration(config).eval()  # plain: nothing packed
     fresh.load_state_dict(model.state_dict())
     expected = fresh.generate(input_ids=source, **options)
@@ -404,9 +405,10 @@ def test_generate_after_an_in_place_weight_update_uses_the_new_weights(packed_ke
     torch.testing.assert_close(after.sequences_scores, expected.sequences_scores)
 
 
-def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(packed_kernel: str, monkeypatch) -> None:
-    """`packed_weights` packs once for many `generate` calls (each of which would pack for itself), keeps the packed
-    copies through them, drops them at its end, and the outputs are those of calls packing for themselves."""
+def test_weights_held_packed_for_a_loop_of_searches_are_packed_once(packed_kernel: str, monkeypatch) -> None:
+    """`packed_weights` packs once for many calls of the package's search (each of which would pack for itself), keeps
+    the packed copies through them, drops them at its end, and the outputs are those of calls packing for
+    themselves."""
     torch.manual_seed(0)
     config = VaswaniConfig(**TINY_MODEL)
     model = kernelize(VaswaniForConditionalGeneration(config)).eval()
@@ -421,13 +423,13 @@ def test_weights_held_packed_for_a_loop_of_generate_calls_are_packed_once(packed
     sources = [torch.randint(4, config.vocab_size, (2, length)) for length in (5, 7, 4)]
     options = dict(num_beams=2, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
     with torch.inference_mode():
-        separately = [model.generate(input_ids=source, **options) for source in sources]
+        separately = [generate(model, input_ids=source, **options) for source in sources]
     assert len(packed_shapes) == len(sources) * len(decoding_linears)  # each call packs every decoding weight
     packed_shapes.clear()
     with packed_weights(model):
         assert all(m.packed_weight is not None for m in decoding_linears)
         with torch.inference_mode():
-            held = [model.generate(input_ids=source, **options) for source in sources]
+            held = [generate(model, input_ids=source, **options) for source in sources]
         assert all(m.packed_weight is not None for m in decoding_linears)  # generate's own block left them packed
     assert len(packed_shapes) == len(decoding_linears)
     assert all(m.packed_weight is None and m.packed_kernel is None for m in linears)

@@ -104,7 +104,7 @@ def non_public_names(tree: ast.Module) -> list[tuple[int, str]]:
 def test_remote_code_uses_public_torch_and_transformers_api_only(name: str) -> None:
     """What travels to the Hub must keep working with the torch and transformers of whoever loads it: no operators
     outside torch's public API (torch.ops, torch._x), no private names of transformers imported."""
-    path = Path(hf_vaswani.__file__).parent / name
+    path = Path(hf_vaswani.__file__).parent / "model" / name
     found = non_public_names(ast.parse(path.read_text(), filename=name))
     assert not found, f"{name} uses non-public API: " + ", ".join(f"line {line}: {use}" for line, use in found)
 
@@ -121,3 +121,9 @@ y = torch._dynamo.mark_static_address
     assert sorted(found) == sorted(
         ["transformers.generation.utils._private", "transformers._internal", "torch.ops", "torch._dynamo"]
     )
+
+
+def test_the_model_folder_holds_exactly_the_remote_code() -> None:
+    """hf_vaswani/model/ is the remote code: every module there travels with a saved model, and nothing else does."""
+    folder = Path(hf_vaswani.__file__).parent / "model"
+    assert sorted(REMOTE_CODE) == sorted(path.name for path in folder.glob("*.py") if path.name != "__init__.py")
