@@ -123,45 +123,35 @@ def load_data(args: argparse.Namespace):
 
 def command_demo(args: argparse.Namespace) -> None:
     from .data.demo_corpus import make_synthetic_corpus
-    from .training.recipe import run_recipe
-    from .training.run_folder import check_output_dir, claimed_run_folder
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
-    with claimed_run_folder(args.output_dir):
-        check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
-        results = run_recipe(
-            make_synthetic_corpus(seed=args.seed),
-            args.output_dir,
-            settings,
-            dataset_name="hf_vaswani-synthetic-en-de",
-            resume=args.resume,
-            overwrite=args.overwrite,
-            command=args.command_line,
-        )
+    run = recipe_run(args, settings, dataset_name="hf_vaswani-synthetic-en-de")
+    results = train_in_run_folder(run, lambda: make_synthetic_corpus(seed=args.seed))
     print_summary(results, Path(args.output_dir))
 
 
-def command_train(args: argparse.Namespace) -> None:
-    from .training.recipe import run_recipe
-    from .training.run_folder import check_output_dir, claimed_run_folder
+def recipe_run(args: argparse.Namespace, settings: RecipeSettings, **record: str):
+    """The recipe run the command line asks for: folder, settings, and what to do with a run already there."""
+    from .training.recipe import RecipeRun
 
+    return RecipeRun(args.output_dir, settings, args.resume, args.overwrite, command=args.command_line, **record)
+
+
+def train_in_run_folder(run, load_corpus: typing.Callable) -> dict:
+    """The recipe's run in its folder, held and checked (`prepared_run_folder`) before the corpus is loaded: a folder
+    another run holds, or a run there without --resume or --overwrite, is refused before any work."""
+    from .training.recipe import train_and_write
+    from .training.run_folder import prepared_run_folder
+
+    with prepared_run_folder(run.output_dir, run.settings, run.resume, run.overwrite) as previous_run:
+        return train_and_write(load_corpus(), run, previous_run)
+
+
+def command_train(args: argparse.Namespace) -> None:
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
-    # So does a folder another run writes to or a run already in it.
-    with claimed_run_folder(args.output_dir):
-        check_output_dir(args.output_dir, settings, args.resume, args.overwrite)
-        corpus = load_data(args)
-        name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
-        results = run_recipe(
-            corpus,
-            args.output_dir,
-            settings,
-            args.source_lang,
-            args.target_lang,
-            dataset_name=name,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            command=args.command_line,
-        )
+    name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
+    record = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset_name=name)
+    results = train_in_run_folder(recipe_run(args, settings, **record), lambda: load_data(args))
     if results:
         print_summary(results, Path(args.output_dir))
 
@@ -230,15 +220,10 @@ def command_shortlist(args: argparse.Namespace) -> None:
     print(shortlist.save(args.model))
 
 
-def check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-
-
 def command_translate(args: argparse.Namespace) -> None:
     from .decoding.alignment import align_nbest, align_pairs, check_alignment_layer
     from .decoding.loading import load_model_folder
-    from .decoding.translation import check_nbest, nbest_lines, translate, translate_nbest
+    from .decoding.translation import check_batch_size, check_nbest, nbest_lines, translate, translate_nbest
     from .files import write_lines
     from .text_io import alignment_text, print_lines, read_sentences
 
@@ -247,7 +232,7 @@ def command_translate(args: argparse.Namespace) -> None:
         check_input_file(args.input, "--input")
     if args.output:
         check_output_file(args.output, "--output")
-    check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, "--batch-size")
     options = generation_options(args)
     check_shortlist(args)
     if args.nbest is not None:
@@ -283,6 +268,7 @@ def command_translate(args: argparse.Namespace) -> None:
 def command_score(args: argparse.Namespace) -> None:
     from .decoding.loading import load_model_folder
     from .decoding.scoring import score_lines, score_pairs
+    from .decoding.translation import check_batch_size
     from .files import write_lines
     from .text_io import print_lines, read_sentences
 
@@ -290,7 +276,7 @@ def command_score(args: argparse.Namespace) -> None:
     check_input_file(args.target, "--target")
     if args.output:
         check_output_file(args.output, "--output")
-    check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, "--batch-size")
     with open(args.source, "rb") as source, open(args.target, "rb") as target:
         sources, targets = read_sentences(source, str(args.source)), read_sentences(target, str(args.target))
     if len(sources) != len(targets):
@@ -309,10 +295,11 @@ def command_evaluate(args: argparse.Namespace) -> None:
     from .data.corpus import load_parallel_files
     from .decoding.loading import load_model_folder
     from .decoding.scoring import translate_and_score
+    from .decoding.translation import check_batch_size
 
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
-    check_batch_size(args.batch_size)
+    check_batch_size(args.batch_size, "--batch-size")
     check_shortlist(args)
     test = load_parallel_files(args.source, args.reference)
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)

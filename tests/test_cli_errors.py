@@ -374,3 +374,40 @@ def test_a_bug_still_shows_its_traceback(tiny_folder, monkeypatch) -> None:
     monkeypatch.setattr(hf_vaswani.cli, "generation_options", buggy)
     with pytest.raises(KeyError):
         main(["translate", str(tiny_folder)])
+
+
+UNEXPECTED = """
+import sys
+
+import hf_vaswani.training.averaging
+from hf_vaswani.cli import main
+
+
+def broken(*args, **kwargs):
+    raise KeyError("a bug inside the package")
+
+
+hf_vaswani.training.averaging.average_checkpoints = broken
+main(sys.argv[1:])
+"""
+
+
+def test_a_mistake_is_one_line_and_an_unexpected_error_keeps_its_traceback(tmp_path, tiny_folder) -> None:
+    """As a user runs the command, in a process of its own: the user's mistake gives one line and exit code 2; an
+    error the package did not expect (here a bug planted in averaging) its whole traceback, saying it is a bug."""
+    command = [sys.executable, "-c", UNEXPECTED, "average", str(tiny_folder)]
+    mistake = subprocess.run([*command, "--output", str(tiny_folder)], capture_output=True, text=True, timeout=300)
+    assert mistake.returncode == 2
+    assert mistake.stderr.startswith("vaswani average: error: ") and mistake.stderr.count("\n") == 1, mistake.stderr
+    assert "Traceback" not in mistake.stderr
+    bug = subprocess.run(
+        [*command, "--output", str(tmp_path / "averaged")], capture_output=True, text=True, timeout=300
+    )
+    assert bug.returncode == 1
+    assert bug.stderr.startswith("Traceback (most recent call last):"), bug.stderr
+    assert "KeyError: 'a bug inside the package'" in bug.stderr
+    assert bug.stderr.rstrip().endswith(
+        "vaswani average: this is a bug in hf_vaswani, not a mistake in the command: please report it with the "
+        "command line and this traceback"
+    ), bug.stderr
+    assert not (tmp_path / "averaged").exists()

@@ -16,6 +16,12 @@ from ..model.errors_vaswani import UsageError
 from .batching import TokenBatchSampler
 
 
+def check_one_process(world_size: int) -> None:
+    """Refuses BPE-dropout over several processes: each would segment the pairs, and so batch them, its own way."""
+    if world_size > 1:
+        raise UsageError("--bpe-dropout segments in one process; with several, train without it")
+
+
 class BpeDropoutPairs(torch.utils.data.Dataset):
     """Training pairs segmented afresh every epoch with BPE-dropout: each merge of the BPE model is skipped with
     probability `dropout`.

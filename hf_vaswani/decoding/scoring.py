@@ -10,7 +10,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
-from ..model.generation_vaswani import equivalent_power
+from ..model.generation_vaswani import equivalent_power, length_penalty_type
 from .translation import check_batch, length_sorted_batches, translate
 
 NORMALIZATIONS = ("none", "mean", "length_penalty")
@@ -32,9 +32,8 @@ def length_penalty(model: PreTrainedModel, length: int) -> float:
     transformers' length^alpha.
     """
     config = model.generation_config
-    default_type = "gnmt" if model.config.model_type == VaswaniConfig.model_type else "power"
     alpha = config.length_penalty
-    if getattr(config, "length_penalty_type", default_type) == "gnmt":
+    if model.config.model_type == VaswaniConfig.model_type and length_penalty_type(config) == "gnmt":
         alpha = equivalent_power(length, alpha)
     return float(length**alpha)
 

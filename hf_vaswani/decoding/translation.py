@@ -17,11 +17,16 @@ from .search import generate
 
 
 def check_batch(sentences: Sequence[str], batch_size: int, name: str = "sentences") -> None:
-    """Refuse (ValueError) one string where a list of them is meant, and a batch size below 1."""
+    """Refuse (UsageError) one string where a list of them is meant, and a batch size below 1."""
     if isinstance(sentences, str):  # a str is a Sequence[str] too: each character would be processed on its own
         raise UsageError(f"{name} must be a list of strings, not one string: pass [text]")
-    if batch_size <= 0:
-        raise UsageError(f"batch_size must be positive, got {batch_size}")
+    check_batch_size(batch_size)
+
+
+def check_batch_size(batch_size: int, name: str = "batch_size") -> None:
+    """Refuse (UsageError naming it `name`) a batch size below 1."""
+    if batch_size < 1:
+        raise UsageError(f"{name} must be at least 1, got {batch_size}")
 
 
 def length_sorted_batches(indices: Iterable[int], length: Callable[[int], int], batch_size: int) -> list[list[int]]:

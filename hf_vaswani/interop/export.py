@@ -40,6 +40,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrain
 from ..decoding.shortlist import Shortlist, write_ctranslate2_vocabulary_map
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
+from ..model.generation_vaswani import length_penalty_type
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from .convert import _layer_target, interleave_permutation
 
@@ -199,8 +200,7 @@ def decoding_note(generation_config: GenerationConfig, shortlist: bool = False) 
     vocabulary_map = ", use_vmap=True (the shortlist)" if shortlist else ""
     note = f"decode with translator.translate_batch(tokens, beam_size={beams}, length_penalty={alpha}{vocabulary_map})"
     differences = []
-    # absent means GNMT, as in PaperDecodingMixin.generate
-    if beams > 1 and getattr(generation_config, "length_penalty_type", "gnmt") != "power":
+    if beams > 1 and length_penalty_type(generation_config) != "power":
         differences.append(
             f"CTranslate2's length penalty divides by length^{alpha} (transformers' form), not the paper's GNMT "
             f"((5 + length) / 6)^{alpha}"

@@ -169,22 +169,32 @@ LEAST_COUNTS = {
     "max_new_tokens_over_source": 0,
 }
 CHECKED_SETTINGS = (*LEAST_COUNTS, "length_penalty")
+LENGTH_PENALTY_TYPES = ("gnmt", "power")  # the paper's (GNMT's, this model's default) and transformers' own
 
 
-def check_generation_settings(settings: dict) -> None:
-    """Refuses (ValueError naming the setting) values of a generation config, or of a `generate` call, that generate
-    would crash on or silently misuse; a setting that is absent or None takes its default. transformers' own
-    `GenerationConfig.validate` checks others (max_new_tokens < 1, early_stopping) as a config is built."""
+def check_generation_settings(settings: dict, names: dict[str, str] | None = None) -> None:
+    """Refuses (UsageError naming the setting, as `names` calls it where given) values of a generation config, or of a
+    `generate` call, that generate would crash on or silently misuse; a setting that is absent or None takes its
+    default. transformers' own `GenerationConfig.validate` checks others (early_stopping) as a config is built. The one
+    check of these values: the package's commands and settings check theirs here too."""
+    names = names or {}
     for name, least in LEAST_COUNTS.items():
         value = settings.get(name)
         if value is not None and not (isinstance(value, numbers.Integral) and value >= least):
-            raise UsageError(f"{name} must be an integer of at least {least}, got {value!r}")
+            raise UsageError(f"{names.get(name, name)} must be an integer of at least {least}, got {value!r}")
     penalty = settings.get("length_penalty")
     # NaN compares False with every score: every hypothesis would rank alike
     if penalty is not None and not (isinstance(penalty, numbers.Real) and math.isfinite(penalty)):
-        raise UsageError(f"length_penalty must be a finite number, got {penalty!r}")
-    if settings.get("length_penalty_type") not in (None, "gnmt", "power"):
-        raise UsageError(f"length_penalty_type must be 'gnmt' or 'power', got {settings['length_penalty_type']!r}")
+        raise UsageError(f"{names.get('length_penalty', 'length_penalty')} must be a finite number, got {penalty!r}")
+    if settings.get("length_penalty_type") not in (None, *LENGTH_PENALTY_TYPES):
+        name = names.get("length_penalty_type", "length_penalty_type")
+        raise UsageError(f"{name} must be one of {LENGTH_PENALTY_TYPES}, got {settings['length_penalty_type']!r}")
+
+
+def length_penalty_type(config: GenerationConfig) -> str:
+    """The form of length penalty `config` asks for: its `length_penalty_type`, GNMT's (§6.1) where it sets none."""
+    value = getattr(config, "length_penalty_type", None)
+    return LENGTH_PENALTY_TYPES[0] if value is None else value
 
 
 class PaperDecodingMixin:
@@ -209,7 +219,7 @@ class PaperDecodingMixin:
         source_ids = inputs if inputs is not None else kwargs.get("input_ids")
         check_source(source_ids, kwargs.get("inputs_embeds"), self.get_input_embeddings())
         extra = kwargs.pop("max_new_tokens_over_source", getattr(config, "max_new_tokens_over_source", None))
-        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "gnmt"))
+        penalty_type = kwargs.pop("length_penalty_type", None) or length_penalty_type(config)
         settings = {name: self._call_setting(name, generation_config, kwargs) for name in CHECKED_SETTINGS}
         settings.update(max_new_tokens_over_source=extra, length_penalty_type=penalty_type)
         check_generation_settings(settings)

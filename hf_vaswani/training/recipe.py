@@ -4,7 +4,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from datasets import DatasetDict
@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from .. import save_model_folder
-from ..data.bpe_dropout import BpeDropoutPairs
+from ..data.bpe_dropout import BpeDropoutPairs, check_one_process
 from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from ..decoding.scoring import translate_and_score
 from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
@@ -41,10 +41,9 @@ from .precision import training_precision
 from .run_folder import (
     RUN_RECORD,
     TOKENIZER_FOLDER,
-    check_output_dir,
-    claimed_run_folder,
     corpus_fingerprint,
     is_main_process,
+    prepared_run_folder,
     remove_run,
 )
 from .schedule import TrainingTimeBudgetCallback
@@ -78,6 +77,21 @@ def build_model(settings: RecipeSettings, tokenizer: PreTrainedTokenizerBase) ->
     return model
 
 
+@dataclass(frozen=True)
+class RecipeRun:
+    """One run of the recipe: its folder and settings, what to do with a run already there, and what its model card
+    and results record about it."""
+
+    output_dir: Path
+    settings: RecipeSettings
+    resume: bool = False
+    overwrite: bool = False
+    source_lang: str = "en"
+    target_lang: str = "de"
+    dataset_name: str = "custom"
+    command: str = "hf_vaswani.training.recipe.run_recipe"
+
+
 def run_recipe(
     corpus: DatasetDict,
     output_dir: str | Path,
@@ -96,63 +110,91 @@ def run_recipe(
     card, remote code), `output_dir/results.json` and `output_dir/training_curves.png`; the model folder, results and
     averaged weights each appear whole or not at all. A folder holding a previous run is refused unless `resume` or
     `overwrite` says what to do with it (`check_output_dir`). With `resume`, training continues from the newest complete
-    checkpoint there (weights, optimizer, schedule, data position and random state) with the run's tokenizer, ending
-    where an uninterrupted run would; a different training corpus is refused.
+    checkpoint there (weights, optimizer, schedule, data position and random state) with the run's tokenizer; a
+    different training corpus is refused.
     """
+    run = RecipeRun(Path(output_dir), settings, resume, overwrite, source_lang, target_lang, dataset_name, command)
+    with prepared_run_folder(run.output_dir, settings, resume, overwrite) as previous_run:
+        return train_and_write(corpus, run, previous_run)
+
+
+def train_and_write(corpus: DatasetDict, run: RecipeRun, previous_run: dict | None) -> dict:
+    """`run_recipe`'s steps, in the output folder held and checked for it (`prepared_run_folder`, which gives
+    `previous_run`): the results, or {} in a process other than the main one."""
+    started = time.perf_counter()
+    fingerprint = check_corpus(corpus, run, previous_run)
+    precision = training_precision(run.settings)
+    # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
+    args = training_arguments(run.settings, run.output_dir / "checkpoints", precision)
+    if run.overwrite and is_main_process():
+        remove_run(run.output_dir)
+    tokenizer = run_tokenizer(corpus, run, fingerprint)
+    trainer, averaging = recipe_trainer(corpus, run, tokenizer, args)
+    train(trainer, averaging, run.resume)
+    train_seconds = time.perf_counter() - started
+    if not trainer.is_world_process_zero():
+        return {}
+    # The averaged folder carries the last checkpoint's generation config (the paper's decoding).
+    model = kernelize(VaswaniForConditionalGeneration.from_pretrained(averaging.averaged_path).to(trainer.args.device))
+    results = scored_results(corpus, run, model, tokenizer, trainer, averaging, precision, train_seconds)
+    results["total_seconds"] = round(time.perf_counter() - started, 1)
+    write_run_outputs(corpus, run, model, tokenizer, results, trainer.state.log_history)
+    return results
+
+
+def check_corpus(corpus: DatasetDict, run: RecipeRun, previous_run: dict | None) -> str:
+    """Refuses a corpus without the splits the settings use, or, on resuming, another training corpus than the run's;
+    also a setting that runs in one process only, under several. Gives the training corpus' fingerprint."""
+    settings = run.settings
     validates = settings.eval_bleu_steps or settings.early_stopping_metric == "loss"
     for split in ("train", "test") + (("validation",) if validates else ()):
         if split not in corpus:
             raise UsageError(f"the corpus has no {split!r} split (has {sorted(corpus)})")
-    with claimed_run_folder(output_dir):
-        return train_and_write(
-            corpus, Path(output_dir), settings, source_lang, target_lang, dataset_name, resume, overwrite, command
-        )
-
-
-def train_and_write(
-    corpus: DatasetDict,
-    output_dir: Path,
-    settings: RecipeSettings,
-    source_lang: str,
-    target_lang: str,
-    dataset_name: str,
-    resume: bool,
-    overwrite: bool,
-    command: str,
-) -> dict:
-    """`run_recipe`'s work, in the output folder it holds."""
-    started = time.perf_counter()
-    previous_run = check_output_dir(output_dir, settings, resume, overwrite)
     fingerprint = corpus_fingerprint(corpus["train"])
     if previous_run and previous_run["train_corpus_sha256"] != fingerprint:
         raise UsageError(
-            f"--resume: the training corpus is not the one the run in {output_dir} started with (sha256 "
+            f"--resume: the training corpus is not the one the run in {run.output_dir} started with (sha256 "
             f"{previous_run['train_corpus_sha256'][:12]}... then, {fingerprint[:12]}... now)"
         )
-    if settings.max_train_minutes is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if settings.max_train_minutes is not None and world_size > 1:
         raise UsageError(f"{setting_flag('max_train_minutes')} times one process; with several, use --max-steps")
-    if settings.bpe_dropout is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError(f"{setting_flag('bpe_dropout')} segments in one process; with several, train without it")
-    precision = training_precision(settings)
-    # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
-    args = training_arguments(settings, output_dir / "checkpoints", precision)
-    if overwrite and is_main_process():
-        remove_run(output_dir)
-    tokenizer_dir = output_dir / TOKENIZER_FOLDER
-    if resume and tokenizer_dir.is_dir():
+    if settings.bpe_dropout is not None:
+        check_one_process(world_size)
+    return fingerprint
+
+
+def run_tokenizer(corpus: DatasetDict, run: RecipeRun, fingerprint: str) -> PreTrainedTokenizerBase:
+    """The shared BPE vocabulary (§5.1): the run's own when resuming, else trained on the corpus; saved with the run's
+    record by the main process."""
+    tokenizer_dir = run.output_dir / TOKENIZER_FOLDER
+    if run.resume and tokenizer_dir.is_dir():
         # the run's own vocabulary (a retrained BPE could give the weights other ids), saving as it did before
         tokenizer = load_trained_bpe(tokenizer_dir)
     else:
+        settings = run.settings
         tokenizer = train_shared_bpe_from_dataset(
             corpus["train"], vocab_size=settings.vocab_size, kind=settings.bpe, merges=settings.bpe_merges
         )
     if is_main_process():
-        output_dir.mkdir(parents=True, exist_ok=True)
+        run.output_dir.mkdir(parents=True, exist_ok=True)
         # The record first: a run killed before its tokenizer is saved resumes by training the same one again.
-        record = {"settings": asdict(settings), "train_corpus_sha256": fingerprint, "train_pairs": len(corpus["train"])}
-        write_text(output_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+        record = {
+            "settings": asdict(run.settings),
+            "train_corpus_sha256": fingerprint,
+            "train_pairs": len(corpus["train"]),
+        }
+        write_text(run.output_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
         if not tokenizer_dir.is_dir():
             replace_folder(tokenizer_dir, tokenizer.save_pretrained)
+    return tokenizer
+
+
+def recipe_trainer(
+    corpus: DatasetDict, run: RecipeRun, tokenizer: PreTrainedTokenizerBase, args: Seq2SeqTrainingArguments
+) -> tuple[VaswaniTrainer, CheckpointAveragingCallback]:
+    """The seeded model and its trainer with the run's callbacks: averaging, the time budget, validation."""
+    settings = run.settings
     set_seed(settings.seed)  # the initial weights too are a function of the seed
     model = build_model(settings, tokenizer)
     if settings.bpe_dropout is None:
@@ -175,7 +217,6 @@ def train_and_write(
     )
     if settings.max_train_minutes is not None:
         trainer.add_callback(TrainingTimeBudgetCallback(settings.max_train_minutes))
-    validation = None
     if settings.eval_bleu_steps:
         pairs = corpus["validation"]
         if settings.eval_bleu_sample:
@@ -184,7 +225,7 @@ def train_and_write(
             tokenizer,
             pairs["source"],
             pairs["target"],
-            target_lang,
+            run.target_lang,
             settings.eval_bleu_steps,
             log=trainer.log,
             num_beams=settings.eval_bleu_num_beams,
@@ -208,8 +249,13 @@ def train_and_write(
             settings,
             updates_per_epoch=math.ceil(len(trainer.get_train_dataloader()) / args.gradient_accumulation_steps),
         )
+    return trainer, averaging
+
+
+def train(trainer: VaswaniTrainer, averaging: CheckpointAveragingCallback, resume: bool) -> None:
+    """Training, from the newest complete checkpoint when resuming, and the averaging of the last checkpoints."""
     # Only the main process moves incomplete checkpoints aside; the others skip them where it has not yet.
-    checkpoint = newest_complete_checkpoint(args.output_dir, move_aside=is_main_process()) if resume else None
+    checkpoint = newest_complete_checkpoint(trainer.args.output_dir, move_aside=is_main_process()) if resume else None
     if checkpoint is not None and training_ended(checkpoint):
         # Only the end is left to do. Trainer would take a step past the end from a checkpoint saved mid-epoch.
         trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE))
@@ -217,18 +263,26 @@ def train_and_write(
             averaging.on_train_end(trainer.args, trainer.state, trainer.control)
     else:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    train_seconds = time.perf_counter() - started
-    if not trainer.is_world_process_zero():
-        return {}
 
-    # The averaged folder carries the last checkpoint's generation config (the paper's decoding).
-    model = kernelize(VaswaniForConditionalGeneration.from_pretrained(averaging.averaged_path).to(trainer.args.device))
+
+def scored_results(
+    corpus: DatasetDict,
+    run: RecipeRun,
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    trainer: VaswaniTrainer,
+    averaging: CheckpointAveragingCallback,
+    precision: str,
+    train_seconds: float,
+) -> dict:
+    """The averaged model's test scores (§6.1 decoding), with what the run did and on which machine."""
+    settings = run.settings
     sources, references = corpus["test"]["source"], corpus["test"]["target"]
     hypotheses, scores = translate_and_score(
-        model, tokenizer, sources, references, target_lang, batch_size=settings.eval_batch_size
+        model, tokenizer, sources, references, run.target_lang, batch_size=settings.eval_batch_size
     )
-
-    results = {
+    log_history = trainer.state.log_history
+    return {
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
         "tokenized_bleu": round(scores["tokenized_bleu"], 2),
@@ -239,23 +293,20 @@ def train_and_write(
         # fairseq's BLEU on whitespace tokens: the published Multi30k number when the text was prepared for it
         "whitespace_bleu": round(scores["whitespace_bleu"], 2),
         "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - started, 1),
         "steps": trainer.state.global_step,
         # the last logged, not Trainer's mean over this process's steps, which a resumed run would cut short
-        "final_training_loss": round(last_logged_loss(trainer.state.log_history), 4),
+        "final_training_loss": round(last_logged_loss(log_history), 4),
         "training_precision": precision,
         "parameters": model.num_parameters(),
         "test_sentences": len(sources),
         "averaged_checkpoints": [checkpoint.name for checkpoint in averaging.checkpoints],
-        "validation": validation_summary(trainer.state.log_history) if validation else None,
-        "validation_loss": (
-            validation_loss_summary(trainer.state.log_history) if settings.early_stopping_metric == "loss" else None
-        ),
+        "validation": validation_summary(log_history) if settings.eval_bleu_steps else None,
+        "validation_loss": (validation_loss_summary(log_history) if settings.early_stopping_metric == "loss" else None),
         "settings": asdict(settings),
         # scores of a seeded run differ slightly between CPU models (kernels differ in the last bits): say which one
         "cpu": cpu_model_name(),
         "gpu": gpu_name(trainer.args.device),
-        "command": command,
+        "command": run.command,
         # what the settings left to the preset and the paper, as the saved config and generation config hold it
         "label_smoothing": settings.label_smoothing,
         "num_beams": model.generation_config.num_beams,
@@ -266,25 +317,36 @@ def train_and_write(
             for s, r, h in list(zip(sources, references, hypotheses, strict=True))[:5]
         ],
     }
-    model_dir = output_dir / "model"
 
+
+def write_run_outputs(
+    corpus: DatasetDict,
+    run: RecipeRun,
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    results: dict,
+    log_history: list[dict],
+) -> None:
+    """The Hub-ready model folder (with its card, and the shortlist where the settings build one), results.json and
+    the training curves, each whole or not at all."""
+    settings, model_dir = run.settings, run.output_dir / "model"
     shortlist = None
     if settings.build_shortlist:
-        train = corpus["train"]
+        train_pairs = corpus["train"]
         sizes = (len(tokenizer), SHORTLIST_PER_SOURCE, SHORTLIST_FREQUENT)
-        shortlist = shortlist_of_corpus(tokenizer, list(train["source"]), list(train["target"]), *sizes)
+        shortlist = shortlist_of_corpus(tokenizer, list(train_pairs["source"]), list(train_pairs["target"]), *sizes)
 
     def write_model_folder(folder: Path) -> None:
         save_model_folder(model, tokenizer, folder)
         if shortlist is not None:
             shortlist.save(folder)
-        card_fields = (model.config, settings, results, source_lang, target_lang, dataset_name, sources[0])
+        example = corpus["test"]["source"][0]
+        card_fields = (model.config, settings, results, run.source_lang, run.target_lang, run.dataset_name, example)
         write_model_card(folder, *card_fields, model_name=model_dir.name)
 
     replace_folder(model_dir, write_model_folder)
-    write_text(output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    plot_training_curves(trainer.state.log_history, output_dir / "training_curves.png")
-    return results
+    write_text(run.output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    plot_training_curves(log_history, run.output_dir / "training_curves.png")
 
 
 def validation_summary(log_history: list[dict]) -> dict:

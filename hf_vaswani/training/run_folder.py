@@ -36,9 +36,6 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-_claimed_folders: set[Path] = set()  # the run folders this process holds: claiming one again is a no-op
-
-
 @contextmanager
 def claimed_run_folder(output_dir: str | Path) -> Iterator[None]:
     """Hold `output_dir` (created if missing) as the one folder this run writes, refusing it in one ValueError line
@@ -46,10 +43,10 @@ def claimed_run_folder(output_dir: str | Path) -> Iterator[None]:
 
     The hold is an exclusive `flock` on the folder itself, which the operating system releases when the process ends
     however it ends (a SIGKILL included), so no stale lock outlives a run. Only the main process claims; the others
-    write under its claim. Claiming a folder this process holds already (the CLI, then `run_recipe`) is a no-op.
+    write under its claim.
     """
     folder = Path(output_dir).absolute()
-    if not is_main_process() or folder in _claimed_folders:
+    if not is_main_process():
         yield
         return
     check_writable_folder(folder)
@@ -64,14 +61,22 @@ def claimed_run_folder(output_dir: str | Path) -> Iterator[None]:
             f"--output-dir {output_dir} is in use by another run (vaswani train or demo): wait for it to end or "
             "choose another --output-dir"
         ) from None
-    _claimed_folders.add(folder)
     try:
         yield
     finally:
-        _claimed_folders.discard(folder)
         os.close(descriptor)  # releases the lock
         if created and not any(folder.iterdir()):
             folder.rmdir()
+
+
+@contextmanager
+def prepared_run_folder(
+    output_dir: str | Path, settings: RecipeSettings, resume: bool = False, overwrite: bool = False
+) -> Iterator[dict | None]:
+    """`output_dir` held for this run (`claimed_run_folder`) and checked for it (`check_output_dir`), before any work:
+    gives the record of the run to resume there, or None."""
+    with claimed_run_folder(output_dir):
+        yield check_output_dir(output_dir, settings, resume, overwrite)
 
 
 def check_output_dir(

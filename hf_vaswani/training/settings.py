@@ -11,9 +11,9 @@ from huggingface_hub.errors import StrictDataclassError
 from ..data.tokenization import BPE_KINDS, VOCAB_SIZE
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
+from ..model.generation_vaswani import LENGTH_PENALTY_TYPES, check_generation_settings
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
-LENGTH_PENALTY_TYPES = ("gnmt", "power")  # generation_vaswani.py's forms of the length penalty
 EARLY_STOPPING_METRICS = ("bleu", "loss")
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
@@ -231,21 +231,23 @@ class RecipeSettings:
             "average_last",
             "save_steps",
             "logging_steps",
-            "num_beams",
             "eval_batch_size",
             "learning_rate_scale",
             "eval_bleu_steps",
             "eval_bleu_sample",
-            "eval_bleu_num_beams",
             "early_stopping_patience",
         ):
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:  # NaN fails every comparison, so `value <= 0` too
                 raise UsageError(f"{setting_flag(name)} must be positive and finite, got {value}")
-        if self.length_penalty is not None and not math.isfinite(self.length_penalty):
-            raise UsageError(f"{setting_flag('length_penalty')} must be a finite number, got {self.length_penalty}")
+        decoding = ("num_beams", "length_penalty", "length_penalty_type")
+        check_generation_settings(
+            {name: getattr(self, name) for name in decoding}, {name: setting_flag(name) for name in decoding}
+        )
+        check_generation_settings(
+            {"num_beams": self.eval_bleu_num_beams}, {"num_beams": setting_flag("eval_bleu_num_beams")}
+        )
         for name, choices in (
-            ("length_penalty_type", (None, *LENGTH_PENALTY_TYPES)),
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
             ("bpe", BPE_KINDS),
         ):

@@ -16,7 +16,7 @@ from datasets import Dataset, DatasetDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from ..data.batching import TokenBatchSampler
-from ..data.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
+from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
 from ..model.errors_vaswani import UsageError
 from .precision import cpu_bf16_matmul_works
 from .schedule import paper_lr_scheduler
@@ -110,8 +110,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self.train_dataset
         if isinstance(dataset, BpeDropoutPairs):
-            if self.args.world_size > 1:  # the processes' segmentations, and so their batches, would differ
-                raise UsageError("BPE-dropout segments in one process; with several, train without it")
+            check_one_process(self.args.world_size)
             sampler = resegmented_batch_sampler(dataset, self.max_tokens, seed=self.args.seed)
         else:
             if self.args.remove_unused_columns:  # as Trainer's own loader: the collator gets only what forward takes
