@@ -171,12 +171,9 @@ def generation_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
     from .model.generation_vaswani import check_generation_settings
 
-    options = {
-        name: value
-        for name in ("num_beams", "length_penalty", "max_new_tokens")
-        if (value := getattr(args, name)) is not None
-    }
-    check_generation_settings(options)
+    names = ("num_beams", "length_penalty", "max_new_tokens")
+    options = {name: value for name in names if (value := getattr(args, name)) is not None}
+    check_generation_settings(options, {name: f"--{name.replace('_', '-')}" for name in names})
     return options
 
 

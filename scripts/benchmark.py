@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from functools import partial
 from pathlib import Path
@@ -43,6 +44,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 from transformers.utils import logging as transformers_logging
 
+import hf_vaswani
 from hf_vaswani.decoding.shortlist import Shortlist
 from hf_vaswani.interop.convert import from_marian
 from hf_vaswani.kernels.allocator import reuse_freed_memory
@@ -172,7 +174,7 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=0,
         help="also decode with a vocabulary shortlist of this many tokens (random ones: the speed depends on the "
-        "size only), hf_vaswani with use_shortlist and CTranslate2 with them as its vocabulary map",
+        "size only), hf_vaswani's search with them as its shortlist and CTranslate2 with them as its vocabulary map",
     )
     parser.add_argument(
         "--profile",
@@ -294,11 +296,26 @@ class TrainingRun:
         return steps * self.tokens_per_step / (time.perf_counter() - start)
 
 
-def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, dtype: str, **extra) -> float:
-    """Output tokens/s of `generate` forced to `length` new tokens per sentence."""
+def transformers_loop(model: torch.nn.Module, **kwargs) -> torch.Tensor:
+    """transformers' decoding loop: the model's own `generate`."""
+    return model.generate(**kwargs)
+
+
+def generate_run(
+    model: torch.nn.Module,
+    source: torch.Tensor,
+    beams: int,
+    length: int,
+    dtype: str,
+    search: Callable = transformers_loop,
+    **extra,
+) -> float:
+    """Output tokens/s of `search` (`hf_vaswani.generate` or `transformers_loop`) forced to `length` new tokens per
+    sentence."""
     start = time.perf_counter()
     with torch.inference_mode(), autocast(dtype):
-        output = model.generate(
+        output = search(
+            model,
             input_ids=source,
             attention_mask=torch.ones_like(source),
             num_beams=beams,
@@ -316,7 +333,8 @@ def generate_run(model: torch.nn.Module, source: torch.Tensor, beams: int, lengt
 
 
 PRODUCTS = {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic"}
-# the operators of cpu_kernels.few_query_attention, attention's only in this model (log_softmax is aten::_log_softmax)
+# the operators of kernels/cpu.py's few_query_attention, attention's only in this model (log_softmax is
+# aten::_log_softmax)
 FEW_QUERY_ATTENTION = {"aten::bmm", "aten::_softmax", "aten::nan_to_num"}
 STEP_PARTS = ("products", "vocabulary passes", "attention", "other operators", "Python and dispatch")
 
@@ -336,8 +354,8 @@ def step_profile(
         seconds_a_call = timed(partial(generate_run, model, source, beams, length, dtype, **extra))
     encoder_rows = source.numel()
     columns = {model.config.vocab_size}
-    if extra.get("use_shortlist"):  # the listed tokens and </s>
-        columns.add(torch.cat((model.shortlist.columns(source), torch.tensor([EOS]))).unique().numel())
+    if extra.get("shortlist") is not None:  # the listed tokens and </s>
+        columns.add(torch.cat((extra["shortlist"].columns(source), torch.tensor([EOS]))).unique().numel())
     totals = dict.fromkeys(STEP_PARTS, 0.0)
     encoder = 0.0
     for event in profiled.key_averages(group_by_input_shape=True):
@@ -454,13 +472,15 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
     outputs = {}
     with torch.inference_mode():
         for name, model in decode_models.items():
-            ids = model.generate(
+            options = dict(extras[name])
+            ids = options.pop("search", transformers_loop)(
+                model,
                 input_ids=source,
                 num_beams=1,
                 do_sample=False,
                 min_new_tokens=length,
                 max_new_tokens=length,
-                **extras[name],
+                **options,
             )
             outputs[name] = ids[:, 1:].tolist()
     if translator is not None:
@@ -596,13 +616,13 @@ def main() -> None:
     decode_models = train_models
     if args.int8:
         decode_models = {name: quantize_int8(model) for name, model in train_models.items()}  # the same for both
-    ours = {"max_new_tokens_over_source": None, "length_penalty_type": "power"}
-    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: ours | {"decoding_loop": "transformers"}}
+    paper_off = {"max_new_tokens_over_source": None, "length_penalty_type": "power"}
+    ours = paper_off | {"search": hf_vaswani.generate}
+    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: paper_off}
     decode_models = {**decode_models, TRANSFORMERS_LOOP: decode_models["hf_vaswani"]}
     if listed:
         decode_models[WITH_SHORTLIST] = decode_models["hf_vaswani"]
-        decode_models[WITH_SHORTLIST].shortlist = Shortlist(torch.tensor(listed), torch.full((vocab, 1), -1))
-        extras[WITH_SHORTLIST] = ours | {"use_shortlist": True}
+        extras[WITH_SHORTLIST] = ours | {"shortlist": Shortlist(torch.tensor(listed), torch.full((vocab, 1), -1))}
     ct2_systems = {"CTranslate2": False, **({CT2_WITH_MAP: True} if listed else {})} if translator else {}
     greedy_agreement(decode_models, translator, decode_source, args.output_length, extras)
     # hf_vaswani decodes as `translate` does, its decoding weights packed once for the loop of generate calls (as

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, generate
 from hf_vaswani.interop.export import write_ctranslate2
 from hf_vaswani.kernels.cpu import kernelize
 from hf_vaswani.kernels.quantization import quantize_int8
@@ -76,7 +76,7 @@ def main() -> None:
         for repeat in range(args.repeats + 1):  # the first round warms up and is not counted
             start = time.perf_counter()
             with torch.inference_mode():
-                ours = model.generate(source, num_beams=beams, max_new_tokens_over_source=None, **options)
+                ours = generate(model, source, num_beams=beams, max_new_tokens_over_source=None, **options)
             elapsed = time.perf_counter() - start
             connection.send((tokens, beams))
             ct2_seconds, hypotheses = connection.recv()

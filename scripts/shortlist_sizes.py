@@ -41,14 +41,14 @@ def main() -> None:
     sources, references = list(test["source"]), list(test["target"])
     full = translate(model, tokenizer, sources, progress=False)
     for per_source, frequent in sizes:
-        model.shortlist = shortlist_of_corpus(
+        shortlist = shortlist_of_corpus(
             tokenizer, list(train["source"]), list(train["target"]), len(tokenizer), per_source, frequent
         )
         listed = []
         for start in range(0, len(sources), 8):
             batch = tokenizer(sources[start : start + 8], return_tensors="pt", padding=True)
-            listed.append(len(model.shortlist.columns(batch["input_ids"], batch["attention_mask"])))
-        shortlisted = translate(model, tokenizer, sources, progress=False, use_shortlist=True)
+            listed.append(len(shortlist.columns(batch["input_ids"], batch["attention_mask"])))
+        shortlisted = translate(model, tokenizer, sources, progress=False, shortlist=shortlist)
         report = {
             "split": args.split,
             "per_source": per_source,

@@ -273,9 +273,9 @@ def test_a_string_instead_of_a_list_is_refused(tiny_folder) -> None:
 @pytest.mark.parametrize(
     ("options", "named"),
     [
-        (["--num-beams", "0"], "num_beams must be at least 1, got 0"),
-        (["--max-new-tokens", "0"], "max_new_tokens must be at least 1, got 0"),
-        (["--length-penalty", "nan"], "length_penalty must be a finite number, got nan"),
+        (["--num-beams", "0"], "--num-beams must be an integer of at least 1, got 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer of at least 1, got 0"),
+        (["--length-penalty", "nan"], "--length-penalty must be a finite number, got nan"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     ],
 )

@@ -63,10 +63,10 @@ def test_the_wheel_holds_every_file_the_package_reads(tmp_path) -> None:
     in_wheel = set(zipfile.ZipFile(wheel).namelist())
 
     package_files = {name for name in files if name.startswith(f"{PACKAGE}/")}
-    assert f"{PACKAGE}/model_card.md" in package_files  # the card template is a real file inside the package
+    assert f"{PACKAGE}/interop/model_card.md" in package_files  # the card template is a real file inside the package
     assert package_files - in_wheel == set()
     resources = named_resources([ROOT / name for name in package_files if name.endswith(".py")])
-    assert "model_card.md" in resources and "evaluate_metrics/sacrebleu_local" in resources
+    assert "interop/model_card.md" in resources and "decoding/evaluate_metrics/sacrebleu_local" in resources
     for resource in resources:
         path = f"{PACKAGE}/{resource}"
         assert path in in_wheel or any(name.startswith(path + "/") for name in in_wheel), resource

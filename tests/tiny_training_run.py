@@ -21,9 +21,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import DataCollatorForSeq2Seq, TrainerCallback
 
-from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration, cpu_kernels
+from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.data.corpus import load_tsv
 from hf_vaswani.data.tokenization import train_shared_bpe_from_dataset
+from hf_vaswani.kernels import cpu as cpu_kernels
 from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 data, output = sys.argv[1], Path(sys.argv[2])

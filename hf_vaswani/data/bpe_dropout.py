@@ -29,8 +29,8 @@ class BpeDropoutPairs(torch.utils.data.Dataset):
     `tokenizers`' BPE model does the dropout, on a copy of `tokenizer`'s backend (so validation and test keep
     deterministic BPE), and draws from its own generator, which cannot be seeded: a run with BPE-dropout does not
     repeat bit for bit, and a resumed run segments its epochs afresh.
-    `resegmented_batch_sampler` packs each epoch's batches on that epoch's lengths (about 15% more tokens at 0.1):
-    packed on the deterministic lengths, the resegmented batches would carry half again as much padding.
+    `resegmented_batch_sampler` packs each epoch's batches on that epoch's lengths (dropout makes segmentations
+    longer): packed on the deterministic lengths, the resegmented batches would overflow their token budget.
     """
 
     def __init__(

@@ -119,7 +119,7 @@ def interleave_permutation(d_model: int) -> torch.Tensor:
     return torch.stack((half, half + d_model // 2), dim=1).flatten()
 
 
-def _layer_target(name: str) -> tuple[str, int | None] | None:
+def layer_target(name: str) -> tuple[str, int | None] | None:
     """Our name for a BART-family layer parameter and the axis that is the model dimension (None: no such axis)."""
     parts = name.split(".")
     # model.{encoder,decoder}.layers.N.<module>[.<projection>].{weight,bias}
@@ -242,7 +242,7 @@ def _convert(
     for name, tensor in source.state_dict().items():
         if name in ignored:
             continue
-        target = renames.get(name) or _layer_target(name)
+        target = renames.get(name) or layer_target(name)
         if target is None:
             unconsumed.append(name)
             continue
@@ -395,11 +395,16 @@ def convert_folder(kind: str, source_dir: str | os.PathLike, output_dir: str | o
     if kind not in _CONVERTERS:
         raise UsageError(f"kind must be one of {sorted(_CONVERTERS)}, got {kind!r}")
     source_dir, output_dir = Path(source_dir), Path(output_dir)
-    model_type = AutoConfig.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).model_type
-    if model_type != kind:
-        raise UsageError(f"{source_dir} holds a {model_type!r} model, not {kind!r}")
     model_class, convert = _CONVERTERS[kind]
-    source = model_class.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).eval()
+    try:  # a folder that is no model of this kind, or ships code of its own: transformers' ValueError or OSError
+        model_type = AutoConfig.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).model_type
+        if model_type != kind:
+            raise UsageError(f"{source_dir} holds a {model_type!r} model, not {kind!r}")
+        source = model_class.from_pretrained(source_dir, local_files_only=True, trust_remote_code=False).eval()
+    except (OSError, ValueError) as error:
+        if isinstance(error, UsageError):
+            raise
+        raise UsageError(f"cannot load {source_dir} as a {kind} model: {str(error).strip().splitlines()[0]}") from None
     try:
         # no local_files_only here: tokenizers persist their loading arguments into the tokenizer_config.json we save
         tokenizer = AutoTokenizer.from_pretrained(source_dir, trust_remote_code=False)

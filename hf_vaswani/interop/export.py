@@ -42,7 +42,7 @@ from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import length_penalty_type
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-from .convert import _layer_target, interleave_permutation
+from .convert import interleave_permutation, layer_target
 
 # Marian's parameters outside the layers -> ours, with the axis that is the model dimension.
 _EMBEDDING_SOURCES = {
@@ -112,7 +112,7 @@ def to_marian(model: VaswaniForConditionalGeneration) -> MarianMTModel:
         elif name == "final_logits_bias":
             weights[name] = ours["lm_head.bias"].reshape(1, -1) if config.output_bias else torch.zeros_like(tensor)
         else:
-            our_name, model_axis = _EMBEDDING_SOURCES.get(name) or _layer_target(name)
+            our_name, model_axis = _EMBEDDING_SOURCES.get(name) or layer_target(name)
             weight = ours[our_name].detach().to("cpu", torch.float32)
             weights[name] = weight.index_select(model_axis, to_halves) if model_axis is not None else weight
     marian.load_state_dict(weights, strict=True)

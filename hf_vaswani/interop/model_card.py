@@ -66,7 +66,7 @@ def write_model_card(
         ("beam size / length penalty alpha", "4 / 0.6", f"{decoding.num_beams} / {decoding.length_penalty}"),
     ]
     deviations = [name for name, paper, ours in rows if paper != ours]
-    template = Template(resources.files("hf_vaswani.interop").joinpath("model_card.md").read_text())
+    template = Template(resources.files("hf_vaswani").joinpath("interop/model_card.md").read_text())
     card = template.substitute(
         source_lang=source_lang,
         target_lang=target_lang,

@@ -106,8 +106,8 @@ PACKED_KERNELS = {
         lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, ROWS_HINT),
         lambda flat, packed, weight, bias: torch.ops.mkl._mkl_linear(flat, packed, weight, bias, flat.shape[0]),
     ),
-    # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): on an AMD EPYC 2-4x
-    # MKL's few-row products, whose AVX-512 kernels MKL keeps for Intel CPUs
+    # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): where MKL, which keeps its
+    # AVX-512 kernels for Intel CPUs, is slow (docs/performance.md)
     "onednn": PackedKernel(
         torch.backends.mkldnn.is_available,
         lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT),
@@ -222,10 +222,10 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     """a @ b.T + bias (nn.functional.linear) for 2-d `a` and `b`, by oneDNN where it measured faster on this CPU.
 
     torch's float32 CPU products run on MKL where torch is built with it, and MKL keeps its AVX-512 kernels for Intel
-    CPUs; on an AMD EPYC oneDNN's inner product took 0.43x MKL's time for a training step's (768 x 512) x (512 x 2048)
-    (docs/performance.md). So the first float32 CPU product of each shape class (each size rounded up to a power of
-    two), operand layout and thread count is timed both ways on its own operands and the faster kept, oneDNN only if
-    it beats torch by MIN_SPEEDUP, its time counting the copies that make transposed operands contiguous.
+    CPUs, where oneDNN's inner product can be the faster one (docs/performance.md). So the first float32 CPU product of
+    each shape class (each size rounded up to a power of two), operand layout and thread count is timed both ways on its
+    own operands and the faster kept, oneDNN only if it beats torch by MIN_SPEEDUP, its time counting the copies that
+    make transposed operands contiguous.
     """
     if (
         torch.compiler.is_compiling()  # first: inductor cannot lower oneDNN's op, and compiled graphs keep to torch's
@@ -274,9 +274,10 @@ class LinearByFastestProducts(torch.autograd.Function):
 class CheapMaskDropout(nn.Dropout):
     """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random words.
 
-    torch's CPU bernoulli_ draws one random number per element, which made dropout about 8% of a training step; four
-    elements per draw halve its cost and the mask saved for backward is one byte per element. The drop probability is
-    rounded to a multiple of 2^-16 (0.1 becomes 0.100006), and kept values are scaled by exactly 1 / (1 - that).
+    torch's CPU bernoulli_ draws one random number per element (its share of a training step: docs/performance.md);
+    four elements per draw need a quarter of the draws, and the mask saved for backward is one byte per element. The
+    drop probability is rounded to a multiple of 2^-16 (0.1 becomes 0.100006), and kept values are scaled by exactly
+    1 / (1 - that).
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -300,10 +301,9 @@ def float32_attention(
     """`attention` on float32 copies of its CPU inputs, with CPU autocast off; the output stays float32 (the output
     projection casts it back under autocast).
 
-    torch's CPU flash attention backward in bfloat16 measured 10x its float32 time on an AMD EPYC with AVX512-BF16
-    (d_k 32, 16 positions), making bf16 training slower than fp32 there, while attention holds a few percent of a
-    step's matmul FLOPs (length / (4 d_model) of the projections'): float32 costs little anywhere and is what mixed
-    precision keeps for softmax anyway.
+    torch's CPU flash attention backward in bfloat16 can take many times its float32 time (docs/performance.md),
+    making bf16 training slower than fp32, while attention holds a small share of a step's matmul FLOPs (length / (4
+    d_model) of the projections'): float32 costs little anywhere and is what mixed precision keeps for softmax anyway.
     """
     if query.device.type != "cpu":
         return attention(module, query, key, value, attention_mask, **kwargs)

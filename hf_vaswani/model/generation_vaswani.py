@@ -188,7 +188,8 @@ def check_generation_settings(settings: dict, names: dict[str, str] | None = Non
         raise UsageError(f"{names.get('length_penalty', 'length_penalty')} must be a finite number, got {penalty!r}")
     if settings.get("length_penalty_type") not in (None, *LENGTH_PENALTY_TYPES):
         name = names.get("length_penalty_type", "length_penalty_type")
-        raise UsageError(f"{name} must be one of {LENGTH_PENALTY_TYPES}, got {settings['length_penalty_type']!r}")
+        forms = " or ".join(repr(form) for form in LENGTH_PENALTY_TYPES)
+        raise UsageError(f"{name} must be {forms}, got {settings['length_penalty_type']!r}")
 
 
 def length_penalty_type(config: GenerationConfig) -> str:

@@ -25,7 +25,7 @@ class ProjectedLabelSmoothedLoss(torch.autograd.Function):
     or a faster equal); without autocast the weight gradient accumulates in place (addmm_). `scale` (1 / the token
     count for a mean) is applied to the gradients there too, on chunk-sized operands, so that backward hands them on
     untouched when the loss is differentiated directly, as in training: scaling a weight gradient of vocabulary x
-    d_model afterwards makes one more tensor of that size, in fresh memory (~0.1 s a step at base size on a CPU).
+    d_model afterwards makes one more tensor of that size, in fresh memory.
     """
 
     @staticmethod

@@ -29,9 +29,9 @@ def bf16_training_seconds(config: VaswaniConfig, max_tokens: int, rounds: int = 
     """Median seconds of one training forward and backward pass of a `config` model in float32 ("fp32") and in bf16
     mixed precision ("bf16") on this CPU, for a batch of about `max_tokens` random tokens on each side.
 
-    Which is faster depends on the CPU: bfloat16 matmuls run at about twice float32's rate with AVX512-BF16 or AMX and
-    are emulated elsewhere, so `vaswani train --bf16-if-faster` measures rather than guesses. Rounds alternate between
-    the two after a warm-up; a few seconds at Multi30k's model size. Call only where `cpu_bf16_matmul_works()`.
+    Which is faster depends on the CPU: bfloat16 matmuls run natively with AVX512-BF16 or AMX and are emulated
+    elsewhere, so `vaswani train --bf16-if-faster` measures rather than guesses. Rounds alternate between the two after
+    a warm-up. Call only where `cpu_bf16_matmul_works()`.
     """
     generator = torch.Generator().manual_seed(0)
     model = kernelize(VaswaniForConditionalGeneration(config))  # as the recipe builds it

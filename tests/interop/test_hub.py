@@ -17,6 +17,7 @@ from hf_vaswani.training.settings import RecipeSettings
 PUBLISHED = {
     "README.md",
     "checks_vaswani.py",
+    "errors_vaswani.py",
     "config.json",
     "configuration_vaswani.py",
     "generation_config.json",

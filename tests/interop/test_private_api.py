@@ -109,3 +109,25 @@ def test_generation_mixin_prepare_generation_config() -> None:
     config, arguments = prepare(GenerationConfig(length_penalty=0.5), max_new_tokens=7, attention_mask="mask")
     assert (config.num_beams, config.length_penalty, config.max_new_tokens) == (3, 0.5, 7)
     assert arguments == {"attention_mask": "mask"}, f"_prepare_generation_config hands back {arguments}"
+
+
+def test_ctranslate2_converter_load() -> None:
+    """export.py converts an in-memory model by overriding CTranslate2's Converter._load, which its convert calls."""
+    converter = pytest.importorskip("ctranslate2.converters.converter")
+    assert "_load" in vars(converter.Converter), "ctranslate2's Converter no longer defines _load"
+    assert "self._load(" in inspect.getsource(converter.Converter.convert), "Converter.convert no longer calls _load"
+
+
+def test_accelerate_batch_sampler_shard_fields() -> None:
+    """trainer.py makes accelerate's BatchSamplerShard hand on the batches of a sampler that shards by itself, by
+    setting its num_processes and process_index, which its iteration reads, and finds the sampler as batch_sampler."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    source = inspect.getsource(BatchSamplerShard)
+    for field in ("num_processes", "process_index", "batch_sampler"):
+        assert f"self.{field}" in source, f"accelerate's BatchSamplerShard no longer has {field}"
+    sampler = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    shard = BatchSamplerShard(sampler, num_processes=2, process_index=1)
+    assert shard.batch_sampler is sampler
+    shard.num_processes, shard.process_index = 1, 0
+    assert list(shard) == sampler, "setting num_processes and process_index no longer turns sharding off"

@@ -414,7 +414,7 @@ def test_settings_refuse_what_could_not_finish() -> None:
         RecipeSettings(bf16=True, fp16=True)
     with pytest.raises(ValueError, match=r"--cooldown-steps \(9\) is larger than --max-steps \(8\)"):
         RecipeSettings(max_steps=8, cooldown_steps=9, save_steps=1, logging_steps=1)
-    with pytest.raises(ValueError, match="--num-beams must be positive"):
+    with pytest.raises(ValueError, match="--num-beams must be an integer of at least 1, got 0"):
         RecipeSettings(num_beams=0)
     with pytest.raises(ValueError, match=r"--bpe-dropout must be in \(0, 1\), got 1.5"):
         RecipeSettings(bpe_dropout=1.5)
