@@ -23,20 +23,15 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 torch.set_num_threads(1)
 
 
-CHECK_EVERY = 25
-# The criterion holds after fewer than 800 steps under every kernel selection; by 2000 the learning rate has halved 9
-# times, so a run that misses it is broken, not slow.
-MAX_TRAINING_STEPS = 2000
-
-
 def train_capitaliser(max_steps: int):
-    """Train on the toy task until the criterion holds, checked every CHECK_EVERY steps: (model, tokenizer, steps).
+    """Train on the toy task until the criterion holds, checked every CAPITALISER_TRAINING["check_every"] steps:
+    (model, tokenizer, steps).
 
     Float results differ between CPUs (MKL, oneDNN and ATen pick kernels by instruction set), so the same number of
     steps ends at a different model on each: training runs to a checked criterion instead.
     """
     from helpers import DECODING_PATHS, LOGIT_MARGIN, mistranslations, smallest_logit_margin
-    from tiny import CAPITALISER_MODEL, PROBE_SENTENCES, capitalised_pairs
+    from tiny import CAPITALISER_MODEL, CAPITALISER_TRAINING, PROBE_SENTENCES, capitalised_pairs
 
     from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
     from hf_vaswani.data.tokenization import train_shared_bpe
@@ -70,7 +65,7 @@ def train_capitaliser(max_steps: int):
         optimizer.step()
         schedule.step()
         averaged.update_parameters(model)
-        if step % CHECK_EVERY == 0:
+        if step % CAPITALISER_TRAINING["check_every"] == 0:
             candidate = averaged.module.eval()
             margin = smallest_logit_margin(candidate, tokenizer, PROBE_SENTENCES)
             # The margin makes greedy decoding right; beam search is checked as well, since with early stopping it
@@ -92,9 +87,11 @@ def trained_folder(tmp_path_factory):
     Tests may rely on what the criterion checks: every PROBE_SENTENCES sentence translates to its capitalised form
     with each of DECODING_PATHS, with a LOGIT_MARGIN to spare on every token.
     """
+    from tiny import CAPITALISER_TRAINING
+
     from hf_vaswani import save_model_folder
 
-    model, tokenizer, steps = train_capitaliser(MAX_TRAINING_STEPS)
+    model, tokenizer, steps = train_capitaliser(CAPITALISER_TRAINING["max_steps"])
     print(f"trained_folder: the criterion held after {steps} steps")  # shown with -s, or -rP
     folder = tmp_path_factory.mktemp("trained") / "capitaliser"
     save_model_folder(model, tokenizer, folder)

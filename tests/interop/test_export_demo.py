@@ -4,11 +4,12 @@ and its int8 model loses less than 1 BLEU."""
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from tiny import SHORT_DEMO_SETTINGS
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_vaswani.data.demo_corpus import make_synthetic_corpus
@@ -17,21 +18,9 @@ from hf_vaswani.decoding.metrics import corpus_scores
 from hf_vaswani.decoding.translation import length_sorted_batches, translate
 from hf_vaswani.interop.export import decoding_note, export_ctranslate2
 from hf_vaswani.training.recipe import run_recipe
-from hf_vaswani.training.settings import DEMO_SETTINGS
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 not installed: pip install '.[export]'")
 
-# The demo's model, corpus and decoding on a schedule that fits the default suite (a minute or two): more, smaller
-# batches learn faster per second than the demo's; Eq. 3 x 0.8 keeps them from collapsing into a unigram model; no
-# dropout, a regulariser for long runs that only slows a short one.
-SETTINGS = replace(
-    DEMO_SETTINGS,
-    model_overrides={**DEMO_SETTINGS.model_overrides, "dropout": 0.0},
-    max_tokens=768,
-    learning_rate_scale=0.8,
-    max_steps=550,
-    save_steps=25,  # the last 5 checkpoints, averaged, span the last 100 steps (the demo's: the last 400 of 1500)
-)
 # A translator, not a collapsed run (those score < 5). The run ends where BLEU still climbs fast, so each CPU's float
 # trajectory lands elsewhere on the climb: the bound sits well below all of them.
 REAL_TRANSLATOR_BLEU = 50.0
@@ -79,11 +68,11 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    """The demo recipe's averaged model folder, trained with SETTINGS on the demo's corpus."""
-    corpus = make_synthetic_corpus(seed=SETTINGS.seed)  # as `vaswani demo` builds it
+    """The demo recipe's averaged model folder, trained with SHORT_DEMO_SETTINGS on the demo's corpus."""
+    corpus = make_synthetic_corpus(seed=SHORT_DEMO_SETTINGS.seed)  # as `vaswani demo` builds it
     output_dir = tmp_path_factory.mktemp("demo")
     started = time.perf_counter()
-    results = run_recipe(corpus, output_dir, SETTINGS, dataset_name="hf_vaswani-synthetic-en-de")
+    results = run_recipe(corpus, output_dir, SHORT_DEMO_SETTINGS, dataset_name="hf_vaswani-synthetic-en-de")
     print(f"demo fixture: {results['steps']} steps in {time.perf_counter() - started:.0f} s, BLEU {results['bleu']}")
     assert results["bleu"] >= REAL_TRANSLATOR_BLEU, f"the demo model did not train: test sacreBLEU {results['bleu']}"
     model, tokenizer = load_model_folder(output_dir / "model")
