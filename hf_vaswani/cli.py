@@ -449,8 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="print the K best hypotheses of beam search per sentence, best first, in Moses' n-best format: "
         "'i ||| hypothesis ||| LogProb= L Tokens= N ||| score', i the 0-based line number, L the sum of the token "
-        "log-probabilities beam search used, N the output tokens (</s> included), score = L / length penalty "
-        "(GNMT's ((5 + N) / 6)^alpha); beam size: --num-beams, at least K (default: the larger of K and the model's)",
+        "log-probabilities beam search used, N the output tokens (</s> included), score = L / the model's length "
+        "penalty (GNMT's ((5 + N) / 6)^alpha, or N^alpha for length_penalty_type power); beam size: --num-beams, at "
+        "least K (default: the larger of K and the model's)",
     )
     translate.add_argument(
         "--alignments",

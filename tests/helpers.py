@@ -60,18 +60,18 @@ def refused(capture: pytest.CaptureFixture, argv: list[str], *named: str) -> str
 
 
 def timing_forbidden(products: dict) -> None:
-    """Stands in for cpu_kernels.fastest where no kernel may be chosen by timing (full_determinism)."""
+    """Stands in for kernels/cpu.py's fastest where no kernel may be chosen by timing (full_determinism)."""
     raise RuntimeError("a kernel was chosen by timing under deterministic algorithms")
 
 
-# How far int8 dynamic quantization may move the trained fixture's logits, in root mean square (test_cpu_kernels): a
-# rounding step of 1/127 of each operand's range is ~1% error, and the ~12 projections between the embeddings and a
-# logit add up to ~5% of the logit scale (|logit| <= ~14). The largest single move varies with training: not bounded.
+# How far int8 dynamic quantization may move the trained fixture's logits, in root mean square
+# (tests/kernels/test_cpu.py): a rounding step of 1/127 of each operand's range is ~1% error, and the ~12 projections
+# between the embeddings and a logit add up to ~5% of the logit scale (|logit| <= ~14). The largest single move varies with training: not bounded.
 INT8_LOGIT_RMS_TOLERANCE = 0.7
 # The trained fixture's margin: teacher-forced on every probe sentence, each right next token's logit exceeds every
 # wrong one's by at least this. fp32 rounding differences between kernels, thread counts and processes move logits by
 # ~1e-5, so no argmax along a right translation can flip: greedy decoding gives the same translations in every process,
-# on every CPU (and in int8, whose model keeps every right token ahead: test_cpu_kernels checks it).
+# on every CPU (and in int8, whose model keeps every right token ahead: tests/kernels/test_cpu.py checks it).
 LOGIT_MARGIN = 4.0
 
 

@@ -6,13 +6,13 @@ lexical shortlists (Bergamot, Firefox Translations), CTranslate2's vocabulary ma
 union of a corpus's `frequent` most frequent target tokens, the special tokens, and for each token of the batch's
 sources its `per_source` target tokens of highest Dice coefficient over the corpus's sentence pairs,
 2 c(s, t) / (c(s) + c(t)) in sentences (co-occurrence, not word alignment, so that it needs nothing but the corpus;
-Dice rather than c(s, t) / c(s), which would rank the frequent tokens first again). The decoding loop
-(decoding_loop.py) multiplies by the listed rows of the output projection only and normalises the scores over them,
+Dice rather than c(s, t) / c(s), which would rank the frequent tokens first again). The package's decoding loop
+(search.py) multiplies by the listed rows of the output projection only and normalises the scores over them,
 as both engines do.
 
 Saved beside the model as shortlist.safetensors; `vaswani shortlist` builds it from a corpus, `vaswani translate
---shortlist` and `generate(..., use_shortlist=True)` use it, `vaswani export --to ctranslate2` writes it as
-CTranslate2's vocabulary map.
+--shortlist` and `hf_vaswani.generate(..., shortlist=Shortlist.load(folder, vocab_size))` use it, `vaswani export --to
+ctranslate2` writes it as CTranslate2's vocabulary map.
 """
 
 from collections.abc import Iterable

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-# a @ b.T + bias for 2-d a and b: the products of the chunked loss (the installed package's cpu_kernels.py passes
+# a @ b.T + bias for 2-d a and b: the products of the chunked loss (the installed package's kernels/cpu.py passes
 # faster ones)
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 

@@ -7,7 +7,7 @@ the encoder-decoder and the whole model of Figure 1 with its pre-softmax project
 The training loss lives in loss_vaswani.py, the paper's decoding (§6.1) in generation_vaswani.py, input checks in
 checks_vaswani.py. This file travels to the Hub with `trust_remote_code`: it imports only torch, transformers and
 those sibling modules, through their public API. The installed package attaches faster CPU kernels to the same modules
-from outside (`kernelize` of its cpu_kernels.py).
+from outside (`kernelize` of its kernels/cpu.py).
 """
 
 import math

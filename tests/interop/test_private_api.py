@@ -77,8 +77,8 @@ def test_generation_config_from_model_config() -> None:
         ("mkldnn", "_linear_pointwise"),
     ],
 )
-def test_torch_cpu_ops_of_cpu_kernels(namespace: str, name: str) -> None:
-    """cpu_kernels (package-only code, never remote code) packs and multiplies weights with these operators."""
+def test_torch_cpu_ops_of_the_cpu_kernels(namespace: str, name: str) -> None:
+    """kernels/cpu.py (package-only code, never remote code) packs and multiplies weights with these operators."""
     backend = {"mkl": torch.backends.mkl, "mkldnn": torch.backends.mkldnn}[namespace]
     if not backend.is_available():
         pytest.skip(f"this torch build has no {namespace}")

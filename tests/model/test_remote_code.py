@@ -1,5 +1,6 @@
 """A saved folder loads with trust_remote_code=True where hf_vaswani cannot be imported, with the same logits, as the
-plain model; the files that travel use public torch and transformers API only."""
+plain model; the files that travel use no torch operator outside its public API and import no private name of
+transformers (the private GenerationMixin hooks they override: tests/interop/test_private_api.py)."""
 
 import ast
 import json
@@ -62,7 +63,7 @@ def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
     assert report["model_module"].startswith("transformers_modules"), report
     assert report["config_module"].startswith("transformers_modules"), report
     assert report["hf_vaswani_loaded"] is False
-    assert report["plain_modules"] is True  # the CPU kernels are the installed package's (cpu_kernels.kernelize)
+    assert report["plain_modules"] is True  # the CPU kernels are the installed package's (kernels/cpu.py's kernelize)
 
     remote = torch.load(tmp_path / "out.pt")
     with torch.no_grad():
