@@ -66,7 +66,8 @@ def timing_forbidden(products: dict) -> None:
 
 # How far int8 dynamic quantization may move the trained fixture's logits, in root mean square
 # (tests/kernels/test_cpu.py): a rounding step of 1/127 of each operand's range is ~1% error, and the ~12 projections
-# between the embeddings and a logit add up to ~5% of the logit scale (|logit| <= ~14). The largest single move varies with training: not bounded.
+# between the embeddings and a logit add up to ~5% of the logit scale (|logit| <= ~14). The largest single move
+# varies with training: not bounded.
 INT8_LOGIT_RMS_TOLERANCE = 0.7
 # The trained fixture's margin: teacher-forced on every probe sentence, each right next token's logit exceeds every
 # wrong one's by at least this. fp32 rounding differences between kernels, thread counts and processes move logits by
