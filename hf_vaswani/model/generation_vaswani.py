@@ -220,7 +220,8 @@ class PaperDecodingMixin:
         source_ids = inputs if inputs is not None else kwargs.get("input_ids")
         check_source(source_ids, kwargs.get("inputs_embeds"), self.get_input_embeddings())
         extra = kwargs.pop("max_new_tokens_over_source", getattr(config, "max_new_tokens_over_source", None))
-        penalty_type = kwargs.pop("length_penalty_type", None) or length_penalty_type(config)
+        penalty_type = kwargs.pop("length_penalty_type", None)
+        penalty_type = length_penalty_type(config) if penalty_type is None else penalty_type
         settings = {name: self._call_setting(name, generation_config, kwargs) for name in CHECKED_SETTINGS}
         settings.update(max_new_tokens_over_source=extra, length_penalty_type=penalty_type)
         check_generation_settings(settings)
