@@ -94,6 +94,18 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--target-lang", default="de")
 
 
+# The data options each --data kind reads: any other given is refused rather than ignored.
+DATA_OPTIONS = {"synthetic": (), "files": ("train", "validation", "test"), "hub": ("hub_name", "hub_config")}
+
+
+def check_data_arguments(args: argparse.Namespace) -> None:
+    """Refuses (UsageError) a data option that the chosen --data kind would ignore, before any work."""
+    for kind, names in DATA_OPTIONS.items():
+        given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name)]
+        if kind != args.data and given:
+            raise UsageError(f"{', '.join(given)}: --data {args.data} reads no such option (--data {kind} does)")
+
+
 def load_data(args: argparse.Namespace):
     from .data.corpus import load_corpus
 
@@ -127,7 +139,8 @@ def command_demo(args: argparse.Namespace) -> None:
     settings = replace(DEMO_SETTINGS, seed=args.seed)
     run = recipe_run(args, settings, dataset_name="hf_vaswani-synthetic-en-de")
     results = train_in_run_folder(run, lambda: make_synthetic_corpus(seed=args.seed))
-    print_summary(results, Path(args.output_dir))
+    if results:
+        print_summary(results, Path(args.output_dir))
 
 
 def recipe_run(args: argparse.Namespace, settings: RecipeSettings, **record: str):
@@ -149,6 +162,7 @@ def train_in_run_folder(run, load_corpus: typing.Callable) -> dict:
 
 def command_train(args: argparse.Namespace) -> None:
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
+    check_data_arguments(args)
     name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
     record = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset_name=name)
     results = train_in_run_folder(recipe_run(args, settings, **record), lambda: load_data(args))
@@ -234,10 +248,13 @@ def command_translate(args: argparse.Namespace) -> None:
     check_shortlist(args)
     if args.nbest is not None:
         check_nbest(args.nbest, options.get("num_beams"))
+    if args.alignment_layer is not None and not args.alignments:
+        raise UsageError("--alignment-layer has no effect without --alignments: leave one of them out")
+    alignment_layer = -1 if args.alignment_layer is None else args.alignment_layer
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code)
     options |= shortlist_options(args, model)
     if args.alignments:
-        check_alignment_layer(model, args.alignment_layer)
+        check_alignment_layer(model, alignment_layer)
     if args.input:
         with open(args.input, "rb") as source:
             sentences = read_sentences(source, str(args.input))
@@ -246,7 +263,7 @@ def command_translate(args: argparse.Namespace) -> None:
     if args.nbest is not None:
         nbest = translate_nbest(model, tokenizer, sentences, args.nbest, batch_size=args.batch_size, **options)
         alignments = (
-            align_nbest(model, tokenizer, sentences, nbest, args.alignment_layer, args.batch_size)
+            align_nbest(model, tokenizer, sentences, nbest, alignment_layer, args.batch_size)
             if args.alignments
             else None
         )
@@ -254,7 +271,7 @@ def command_translate(args: argparse.Namespace) -> None:
     else:
         lines = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
         if args.alignments:
-            alignments = align_pairs(model, tokenizer, sentences, lines, args.alignment_layer, args.batch_size)
+            alignments = align_pairs(model, tokenizer, sentences, lines, alignment_layer, args.batch_size)
             lines = [f"{line} ||| {alignment_text(pairs)}" for line, pairs in zip(lines, alignments, strict=True)]
     if args.output:
         write_lines(lines, args.output)
@@ -461,7 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
         "encoder-decoder attention of --alignment-layer, averaged over heads, with the translation teacher-forced; "
         "a target word's attention is the mean over its subword tokens, a source word's the sum over its tokens",
     )
-    translate.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer, 0-based; -1 is the last")
+    translate.add_argument(
+        "--alignment-layer", type=int, help="decoder layer of --alignments, 0-based; -1 is the last (the default)"
+    )
     add_shortlist_argument(translate)
     add_model_loading_arguments(translate)
     translate.set_defaults(handler=command_translate)

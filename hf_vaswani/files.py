@@ -70,6 +70,19 @@ def replace_folder(folder: Path, write: Callable[[Path], object]) -> Path:
     return folder
 
 
+def copy_missing_entries(source: Path, destination: Path) -> None:
+    """Copy into `destination` each file or folder of `source` it lacks: a folder written anew keeps what the writer
+    did not write itself (a shortlist built later, a user's notes)."""
+    if not source.is_dir():
+        return
+    for entry in source.iterdir():
+        if not (destination / entry.name).exists():
+            if entry.is_dir():
+                shutil.copytree(entry, destination / entry.name)
+            else:
+                shutil.copy2(entry, destination / entry.name)
+
+
 @contextlib.contextmanager
 def new_folder(path: Path, option: str) -> Iterator[Path]:
     """An empty temporary folder beside `path`, renamed to `path` when the block completes and removed when it fails.

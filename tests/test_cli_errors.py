@@ -285,6 +285,15 @@ def test_bad_generation_values_are_refused_up_front(tiny_folder, capfd, monkeypa
     refused(capfd, ["translate", str(tiny_folder), *options], named)
 
 
+def test_an_option_that_would_be_ignored_is_refused(tiny_folder, tmp_path, capfd) -> None:
+    refused(capfd, ["translate", str(tiny_folder), "--alignment-layer", "0"], "--alignment-layer", "--alignments")
+    corpus = ["--train", "a.en", "a.de", "--test", "b.en", "b.de"]
+    train = ["train", "--output-dir", str(tmp_path / "run")]
+    refused(capfd, [*train, *corpus], "--train, --test: --data synthetic reads no such option (--data files does)")
+    refused(capfd, [*train, "--data", "files", *corpus, "--hub-name", "wmt14"], "--hub-name", "--data hub does")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_device_is_one_line(tiny_folder, capfd) -> None:
     refused(capfd, ["translate", str(tiny_folder), "--device", "gpu7"], "device 'gpu7' is not a torch device")
     refused(capfd, ["translate", str(tiny_folder), "--device", "meta", "--int8"], "int8 inference runs on CPU")

@@ -8,6 +8,7 @@ id outside the vocabulary would end in an IndexError deep inside an embedding. T
 import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import TransformersKwargs
 
 from .errors_vaswani import UsageError
 
@@ -39,6 +40,15 @@ def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignore
         valid |= ids == ignored_id
     if not valid.all():
         raise UsageError(f"{name} holds id {int(ids[~valid][0])}, outside the vocabulary [0, {vocab_size})")
+
+
+def check_keyword_arguments(kwargs: dict) -> None:
+    """Refuses keyword arguments that no part of the model reads (transformers' own, TransformersKwargs, are read
+    below the model), which would otherwise be swallowed without effect: a misspelt name, or a name the model does not
+    take."""
+    unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__))
+    if unknown:
+        raise UsageError(f"the model takes no argument {', '.join(unknown)}")
 
 
 def check_inputs(

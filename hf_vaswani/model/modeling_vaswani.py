@@ -31,10 +31,11 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .checks_vaswani import check_inputs, check_labels, check_source, check_token_ids
+from .checks_vaswani import check_inputs, check_keyword_arguments, check_labels, check_source, check_token_ids
 from .configuration_vaswani import VaswaniConfig
 from .errors_vaswani import UsageError
 from .generation_vaswani import PaperDecodingMixin
@@ -409,6 +410,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")  # its name before transformers 5.24, as Marian
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -484,6 +486,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             self.decoder.set_input_embeddings(value)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -497,6 +500,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
+        check_keyword_arguments(kwargs)
         if encoder_outputs is not None and not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         past_length = cache.get_seq_length() if isinstance(cache, Cache) else 0
@@ -578,6 +582,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -21,7 +21,7 @@ from ..data.bpe_dropout import BpeDropoutPairs, check_one_process
 from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from ..decoding.scoring import translate_and_score
 from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
-from ..files import replace_folder, write_text
+from ..files import copy_missing_entries, replace_folder, write_text
 from ..interop.model_card import cpu_model_name, gpu_name, write_model_card
 from ..kernels.cpu import kernelize
 from ..model.errors_vaswani import UsageError
@@ -45,6 +45,7 @@ from .run_folder import (
     is_main_process,
     prepared_run_folder,
     remove_run,
+    run_has_ended,
 )
 from .schedule import TrainingTimeBudgetCallback
 from .settings import RecipeSettings, model_config, setting_flag
@@ -120,9 +121,13 @@ def run_recipe(
 
 def train_and_write(corpus: DatasetDict, run: RecipeRun, previous_run: dict | None) -> dict:
     """`run_recipe`'s steps, in the output folder held and checked for it (`prepared_run_folder`, which gives
-    `previous_run`): the results, or {} in a process other than the main one."""
+    `previous_run`): the results; {} in a process other than the main one, and where the run has ended already with
+    these settings, which it says in one line, changing nothing."""
     started = time.perf_counter()
     fingerprint = check_corpus(corpus, run, previous_run)
+    if previous_run is not None and run_has_ended(run.output_dir, previous_run, run.settings):
+        print(f"{run.output_dir}: the run has ended with these settings; nothing to do (its results: results.json)")
+        return {}
     precision = training_precision(run.settings)
     # Before the tokenizer and the model: the arguments check the machine (bf16 on this CPU) without training anything.
     args = training_arguments(run.settings, run.output_dir / "checkpoints", precision)
@@ -343,6 +348,7 @@ def write_run_outputs(
         example = corpus["test"]["source"][0]
         card_fields = (model.config, settings, results, run.source_lang, run.target_lang, run.dataset_name, example)
         write_model_card(folder, *card_fields, model_name=model_dir.name)
+        copy_missing_entries(model_dir, folder)  # a resumed run's folder keeps what others put there
 
     replace_folder(model_dir, write_model_folder)
     write_text(run.output_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")

@@ -7,7 +7,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from datasets import Dataset
@@ -17,8 +17,10 @@ from .settings import RecipeSettings, model_config, setting_flag
 
 RUN_RECORD = "run.json"  # the settings and training corpus that define the run in an output folder
 TOKENIZER_FOLDER = "tokenizer"  # the run's vocabulary, saved before training so that a resumed run keeps its ids
+# What a run writes at its end, in this order, each whole or not at all: all of them mean the run has ended.
+RUN_OUTPUTS = ("model", "results.json", "training_curves.png")
 # What a run leaves in its output folder: any of them means the folder holds one.
-RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", "model", "results.json", "training_curves.png")
+RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", *RUN_OUTPUTS)
 # Settings a resumed run may change: more steps continue the same trajectory (Eq. 3 and the data order do not depend
 # on the total), and decoding and evaluation come after training. Fewer steps could end before the last checkpoint.
 RESUMABLE_SETTINGS = (
@@ -111,6 +113,13 @@ def check_output_dir(
     if differences:
         raise UsageError(f"--resume: {'; '.join(differences)} (only --max-steps may grow and decoding change)")
     return record
+
+
+def run_has_ended(output_dir: Path, record: dict, settings: RecipeSettings) -> bool:
+    """Whether the run recorded in `output_dir` (`record`, its run.json) has ended with these very settings: it wrote
+    all its outputs. A resume that changes a resumable setting (more steps, other decoding) continues it instead."""
+    written = all((output_dir / name).exists() for name in RUN_OUTPUTS)
+    return written and record["settings"] == json.loads(json.dumps(asdict(settings)))
 
 
 def check_writable_folder(folder: Path) -> None:

@@ -14,6 +14,13 @@ from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import LENGTH_PENALTY_TYPES, check_generation_settings
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
+# Settings that another decides to leave unused: (that other, whether it must be set for them to count). Given a value
+# of their own where they do not count, they are refused: one of the two would be silently ignored.
+UNUSED_UNLESS = {
+    "save_steps": ("save_every_epoch", False),
+    "eval_bleu_sample": ("eval_bleu_steps", True),
+    "eval_bleu_num_beams": ("eval_bleu_steps", True),
+}
 EARLY_STOPPING_METRICS = ("bleu", "loss")
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
@@ -259,6 +266,13 @@ class RecipeSettings:
             raise UsageError(
                 f"{setting_flag('bpe_merges')} and {setting_flag('vocab_size')} both size the vocabulary: pass one"
             )
+        defaults = {setting.name: setting.default for setting in fields(self)}
+        for setting, (other, needs) in UNUSED_UNLESS.items():
+            if getattr(self, setting) != defaults[setting] and bool(getattr(self, other)) != needs:
+                condition = "without" if needs else "with"
+                raise UsageError(
+                    f"{setting_flag(setting)} has no effect {condition} {setting_flag(other)}: leave one of them out"
+                )
         bleu_patience = self.early_stopping_patience is not None and self.early_stopping_metric == "bleu"
         if bleu_patience and self.eval_bleu_steps is None:
             raise UsageError(

@@ -214,3 +214,17 @@ def test_one_checkpoint_path_instead_of_a_list_is_refused(tiny_folder, tmp_path)
     with pytest.raises(ValueError, match="checkpoints must be a list of checkpoint folders, not one path"):
         average_checkpoints(str(tiny_folder), tmp_path / "averaged")
     assert not (tmp_path / "averaged").exists()
+
+
+@pytest.mark.parametrize("name", ["past_key_value", "decoder_attention_masks", "labels_smoothing"])
+def test_an_argument_the_model_does_not_take_is_refused_not_swallowed(name: str) -> None:
+    """forward takes transformers' keyword arguments (TransformersKwargs) on top of its own; a misspelt one would
+    otherwise vanish into them, and the call run as if it were not given."""
+    from tiny import random_model
+
+    model = random_model(0)
+    ids = torch.tensor([[5, 6, 2]])
+    with pytest.raises(ValueError, match=f"the model takes no argument {name}"):
+        model(input_ids=ids, decoder_input_ids=ids, **{name: None})
+    with pytest.raises(ValueError, match=f"the model takes no argument {name}"):
+        model.generate(ids, max_new_tokens=2, **{name: None})

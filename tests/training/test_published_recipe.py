@@ -50,8 +50,11 @@ def run_script(tmp_path: Path, data: Path, output: Path, *options: str) -> list[
     fake = bin_dir / "vaswani"
     fake.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {recorded}\n")
     fake.chmod(0o755)
-    (bin_dir / "python3").unlink(missing_ok=True)
-    (bin_dir / "python3").symlink_to(sys.executable)  # the interpreter with this package's dependencies
+    # The interpreter running the tests, with this package's dependencies, called by its own path: a symlink to it
+    # elsewhere would start Python without the virtual environment it belongs to (found beside the executable's path).
+    python = bin_dir / "python3"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     environment = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
         ["bash", str(SCRIPT), str(data), str(output), *options],

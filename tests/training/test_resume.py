@@ -182,9 +182,10 @@ def test_a_failed_write_at_the_end_keeps_the_previous_run_whole(copied_run, caps
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "model.safetensors"))
 
     monkeypatch.setattr(hf_vaswani.training.recipe, "save_model_folder", disk_full)
-    # The run is finished: resuming trains no step, translates the test split again and writes the model folder anew.
+    # The run is finished: resuming with another beam trains no step, translates the test split again and writes the
+    # model folder anew.
     with pytest.raises(SystemExit) as stopped:
-        main(train_arguments(run, corpus, "--resume"))
+        main(train_arguments(run, corpus, "--resume", "--num-beams", "3"))
     stderr = capsys.readouterr().err  # the progress bars of the work done, then the error
     assert stopped.value.code == 2 and "Traceback" not in stderr
     partial = partial_path(run / "model") / "model.safetensors"
@@ -311,6 +312,28 @@ def test_any_trace_of_a_run_is_a_run(tmp_path, entry) -> None:
     (tmp_path / entry).rmdir()
     (tmp_path / "notes.txt").write_text("mine")  # what is not a run's leaves the folder free
     assert check_output_dir(tmp_path, RecipeSettings()) is None
+
+
+def test_resume_of_an_ended_run_changes_nothing_in_its_folder_and_says_so(copied_run, capsys) -> None:
+    run, corpus = copied_run
+    (run / "model" / "notes.txt").write_text("a file of the user's beside the model\n")
+    before = snapshot(run)
+    capsys.readouterr()
+    main(train_arguments(run, corpus, "--resume"))
+    assert capsys.readouterr().out == (
+        f"{run}: the run has ended with these settings; nothing to do (its results: results.json)\n"
+    )
+    assert snapshot(run) == before  # every file's bytes and modification time
+
+
+def test_a_resume_that_writes_the_model_folder_anew_keeps_the_files_it_did_not_write(copied_run) -> None:
+    run, corpus = copied_run
+    (run / "model" / "notes.txt").write_text("a file of the user's beside the model\n")
+    before = snapshot(run / "model")
+    main(train_arguments(run, corpus, "--resume", "--num-beams", "3"))  # another decoding: evaluated and written anew
+    after = snapshot(run / "model")
+    assert after["config.json"][1] != before["config.json"][1]  # the folder was written anew
+    assert after["notes.txt"] == before["notes.txt"]
 
 
 def test_resume_skips_a_truncated_checkpoint_keeps_the_tokenizer_and_may_train_longer(copied_run, capsys, caplog):

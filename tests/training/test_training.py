@@ -407,6 +407,19 @@ def test_label_smoothing_is_a_training_setting_the_papers_by_default() -> None:
         RecipeSettings(label_smoothing=1.0)
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(save_every_epoch=True, save_steps=50), "--save-steps has no effect with --save-every-epoch"),
+        (dict(eval_bleu_sample=100), "--eval-bleu-sample has no effect without --eval-bleu-steps"),
+        (dict(eval_bleu_num_beams=4), "--eval-bleu-num-beams has no effect without --eval-bleu-steps"),
+    ],
+)
+def test_settings_of_which_one_would_be_ignored_are_refused(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RecipeSettings(**changes)
+
+
 def test_settings_refuse_what_could_not_finish() -> None:
     with pytest.raises(ValueError, match=r"--logging-steps \(100\) is larger than --max-steps \(4\)"):
         RecipeSettings(max_steps=4, save_steps=1, average_last=1)
