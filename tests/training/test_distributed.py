@@ -52,8 +52,15 @@ def tiny_run(data: Path, output: Path, update_freq: int, steps: int, save_every:
             *extra]  # fmt: skip
 
 
+def script_environment(**overrides: str) -> dict[str, str]:
+    """The tests' environment, with tests/ on the path of the script's imports (helpers, tiny) however Python starts
+    it (under PYTHONSAFEPATH the script's own folder is not on it)."""
+    path = os.pathsep.join(filter(None, [str(SCRIPT.parent), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
+
 def run(arguments: list[str], **env_overrides: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env_overrides}
+    env = script_environment(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_overrides)
     result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=600, env=env)
     if result.returncode != 0:  # not an AssertionError: a test expected to fail an assertion must not pass by a crash
         raise RuntimeError(result.stderr[-4000:])
@@ -149,7 +156,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path
     # The run waits once checkpoint-4 is complete (its callbacks run after the save), so the kill lands there.
     process = subprocess.Popen([sys.executable, *tiny_run(data_file, killed, 1, steps, save_every, dropout)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "HANG_AFTER_SAVE_STEP": "4"})  # fmt: skip
+                               env=script_environment(HANG_AFTER_SAVE_STEP="4"))  # fmt: skip
     deadline = time.time() + 300
     while not (killed / "saved").exists():
         assert process.poll() is None, "the run ended before it could be killed"
