@@ -131,3 +131,14 @@ def test_accelerate_batch_sampler_shard_fields() -> None:
     assert shard.batch_sampler is sampler
     shard.num_processes, shard.process_index = 1, 0
     assert list(shard) == sampler, "setting num_processes and process_index no longer turns sharding off"
+
+
+def test_trainer_load_optimizer_and_scheduler() -> None:
+    """VaswaniTrainer gives the optimizer its state before Trainer loads a checkpoint's into it, by overriding this
+    hook, which Trainer's training loop calls with the checkpoint to resume from."""
+    from transformers import Trainer
+
+    hook = getattr(Trainer, "_load_optimizer_and_scheduler", None)
+    assert hook is not None, "Trainer._load_optimizer_and_scheduler is gone"
+    assert list(inspect.signature(hook).parameters) == ["self", "checkpoint"]
+    assert "self._load_optimizer_and_scheduler(" in inspect.getsource(Trainer), "Trainer no longer calls the hook"

@@ -129,12 +129,6 @@ def test_two_processes_under_fsdp_shard_the_model_and_equal_one_process(fsdp_run
     assert fsdp_losses == json.loads((single_process_run / "losses.json").read_text())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="accelerate 1.15 loads a sharded FSDP1 optimizer state into the template of an optimizer that has no "
-    "state yet, so Adam's moments restart at zero on resume (docs/training.md)",
-)
 def test_fsdp_run_resumed_from_its_sharded_checkpoint_ends_as_the_uninterrupted_run(tmp_path, data_file, fsdp_run):
     resumed = tmp_path / "resumed"
     # the uninterrupted run as it stood when checkpoint FSDP_SAVE_EVERY was complete
