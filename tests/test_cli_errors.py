@@ -294,6 +294,10 @@ def test_an_option_that_would_be_ignored_is_refused(tiny_folder, tmp_path, capfd
     assert not (tmp_path / "run").exists()
 
 
+def test_int8_with_a_half_precision_is_refused(tiny_folder, capfd) -> None:
+    refused(capfd, ["translate", str(tiny_folder), "--int8", "--dtype", "bf16"], "int8", "fp32", "bf16")
+
+
 def test_a_bad_device_is_one_line(tiny_folder, capfd) -> None:
     refused(capfd, ["translate", str(tiny_folder), "--device", "gpu7"], "device 'gpu7' is not a torch device")
     refused(capfd, ["translate", str(tiny_folder), "--device", "meta", "--int8"], "int8 inference runs on CPU")

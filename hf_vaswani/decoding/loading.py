@@ -136,8 +136,16 @@ def check_loading_info(path: str | Path, loading_info: dict) -> None:
         raise UsageError(f"the weights of {path} do not match its config.json: tensors {'; '.join(found)}")
 
 
+# The float types a model folder may be loaded in for inference, by the names the commands take.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def load_model_folder(
-    path: str | Path, device: str = "cpu", int8: bool = False, trust_remote_code: bool = False
+    path: str | Path,
+    device: str = "cpu",
+    int8: bool = False,
+    trust_remote_code: bool = False,
+    dtype: str = "fp32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A saved model folder (or Hub id) and its tokenizer, loaded without running any code the folder ships.
 
@@ -145,11 +153,16 @@ def load_model_folder(
     files lie in the folder; another model type is refused unless `trust_remote_code`, which hands the folder to the
     Auto classes and so runs its code. Weights are read from safetensors only (a pickle can run code too) and must
     match the config exactly. Every refusal is a ValueError naming the folder and the cause in one line. This
-    package's model gets its CPU kernels (`kernelize`).
+    package's model gets its CPU kernels (`kernelize`). `dtype` (a DTYPES name) is the float type of its weights and
+    computation; int8 quantizes float32 weights.
     """
     check_device(device)
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if int8 and torch.device(device).type != "cpu":
         raise UsageError(f"int8 inference runs on CPU, not on {device}")
+    if int8 and dtype != "fp32":
+        raise UsageError(f"int8 quantizes float32 weights: it goes with dtype fp32, not {dtype}")
     config_dict = read_config_dict(path)
     model_type = config_dict.get("model_type")
     if model_type != VaswaniConfig.model_type and not trust_remote_code:
@@ -184,7 +197,7 @@ def load_model_folder(
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot load the tokenizer of {path}: {str(error).splitlines()[0]}") from None
-    model = model.to(device)
+    model = model.to(device=device, dtype=DTYPES[dtype])
     if isinstance(model, VaswaniForConditionalGeneration):
         kernelize(model)
     return quantize_int8(model) if int8 else model, tokenizer

@@ -224,8 +224,8 @@ class Decoder:
         return self.projection(hidden)[:, -1].float()
 
 
-# torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call (0.2 s at 37,000 x 512): each
-# int8 output projection is unpacked once. An int8 model is for inference, its weights never change.
+# torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call, a pass over the whole
+# matrix: each int8 output projection is unpacked once. An int8 model is for inference, its weights never change.
 UNPACKED_INT8_WEIGHTS: WeakKeyDictionary = WeakKeyDictionary()
 
 

@@ -269,6 +269,24 @@ def test_translate_command_reads_a_file_or_stdin(tmp_path, trained_folder, capsy
     assert result.stdout == "SUN MOON\n"
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_translate_and_evaluate_in_a_half_precision(tmp_path, trained_folder, capsys, dtype: str) -> None:
+    """--dtype loads the weights in that type and decodes in it: the trained fixture's margin (LOGIT_MARGIN) is far
+    above bf16's and fp16's rounding of its logits, so every probe sentence translates right."""
+    from hf_vaswani.decoding.loading import DTYPES, load_model_folder
+
+    model, _ = load_model_folder(trained_folder, dtype=dtype)
+    assert {parameter.dtype for parameter in model.parameters()} == {DTYPES[dtype]}
+    source, reference = tmp_path / "probe.txt", tmp_path / "probe.upper.txt"
+    source.write_text("\n".join(PROBE_SENTENCES) + "\n")
+    reference.write_text("\n".join(sentence.upper() for sentence in PROBE_SENTENCES) + "\n")
+    capsys.readouterr()
+    main(["translate", str(trained_folder), "--input", str(source), "--dtype", dtype])
+    assert capsys.readouterr().out.splitlines() == [sentence.upper() for sentence in PROBE_SENTENCES]
+    main(["evaluate", str(trained_folder), "--source", str(source), "--reference", str(reference), "--dtype", dtype])
+    assert json.loads(capsys.readouterr().out)["bleu"] == pytest.approx(100.0)
+
+
 def test_plot_attention_command_writes_three_heatmap_pngs(tmp_path, trained_folder) -> None:
     main(["plot-attention", str(trained_folder), "--sentence", "red cat sun", "--output-dir", str(tmp_path)])
     for name in ("encoder_attention.png", "decoder_attention.png", "encoder_decoder_attention.png"):
