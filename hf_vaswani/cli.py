@@ -16,6 +16,11 @@ from .model.errors_vaswani import UsageError
 from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
+def option_flag(name: str) -> str:
+    """The command-line option of the argparse destination `name`."""
+    return "--" + name.replace("_", "-")
+
+
 def parse_override(text: str) -> tuple[str, object]:
     """`key=value` with the value read as JSON when it parses (numbers, booleans), else as a string."""
     key, separator, value = text.partition("=")
@@ -101,7 +106,7 @@ DATA_OPTIONS = {"synthetic": (), "files": ("train", "validation", "test"), "hub"
 def check_data_arguments(args: argparse.Namespace) -> None:
     """Refuses (UsageError) a data option that the chosen --data kind would ignore, before any work."""
     for kind, names in DATA_OPTIONS.items():
-        given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name)]
+        given = [option_flag(name) for name in names if getattr(args, name)]
         if kind != args.data and given:
             raise UsageError(f"{', '.join(given)}: --data {args.data} reads no such option (--data {kind} does)")
 
@@ -135,10 +140,11 @@ def load_data(args: argparse.Namespace):
 
 def command_demo(args: argparse.Namespace) -> None:
     from .data.demo_corpus import make_synthetic_corpus
+    from .training.recipe import run_in_folder
 
     settings = replace(DEMO_SETTINGS, seed=args.seed)
     run = recipe_run(args, settings, dataset_name="hf_vaswani-synthetic-en-de")
-    results = train_in_run_folder(run, lambda: make_synthetic_corpus(seed=args.seed))
+    results = run_in_folder(run, lambda: make_synthetic_corpus(seed=args.seed))
     if results:
         print_summary(results, Path(args.output_dir))
 
@@ -150,22 +156,14 @@ def recipe_run(args: argparse.Namespace, settings: RecipeSettings, **record: str
     return RecipeRun(args.output_dir, settings, args.resume, args.overwrite, command=args.command_line, **record)
 
 
-def train_in_run_folder(run, load_corpus: typing.Callable) -> dict:
-    """The recipe's run in its folder, held and checked (`prepared_run_folder`) before the corpus is loaded: a folder
-    another run holds, or a run there without --resume or --overwrite, is refused before any work."""
-    from .training.recipe import train_and_write
-    from .training.run_folder import prepared_run_folder
-
-    with prepared_run_folder(run.output_dir, run.settings, run.resume, run.overwrite) as previous_run:
-        return train_and_write(load_corpus(), run, previous_run)
-
-
 def command_train(args: argparse.Namespace) -> None:
+    from .training.recipe import run_in_folder
+
     settings = settings_from_args(args)  # first: bad settings stop the command before any data is read
     check_data_arguments(args)
     name = args.hub_name or ("hf_vaswani-synthetic-en-de" if args.data == "synthetic" else "custom")
     record = dict(source_lang=args.source_lang, target_lang=args.target_lang, dataset_name=name)
-    results = train_in_run_folder(recipe_run(args, settings, **record), lambda: load_data(args))
+    results = run_in_folder(recipe_run(args, settings, **record), lambda: load_data(args))
     if results:
         print_summary(results, Path(args.output_dir))
 
@@ -187,7 +185,7 @@ def generation_options(args: argparse.Namespace) -> dict:
 
     names = ("num_beams", "length_penalty", "max_new_tokens")
     options = {name: value for name in names if (value := getattr(args, name)) is not None}
-    check_generation_settings(options, {name: f"--{name.replace('_', '-')}" for name in names})
+    check_generation_settings(options, {name: option_flag(name) for name in names})
     return options
 
 

@@ -15,6 +15,8 @@ from .errors_vaswani import UsageError
 # The index types an embedding lookup accepts.
 TOKEN_ID_DTYPES = (torch.int64, torch.int32)
 DIMENSIONS = {2: "batch, length", 3: "batch, length, d_model"}
+# The keyword arguments transformers hands through a model to its layers and attention functions.
+TRANSFORMERS_KWARGS = frozenset(TransformersKwargs.__annotations__)
 
 
 def check_tensor(name: str, value: object, ndim: int) -> None:
@@ -46,7 +48,7 @@ def check_keyword_arguments(kwargs: dict) -> None:
     """Refuses keyword arguments that no part of the model reads (transformers' own, TransformersKwargs, are read
     below the model), which would otherwise be swallowed without effect: a misspelt name, or a name the model does not
     take."""
-    unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__))
+    unknown = sorted(kwargs.keys() - TRANSFORMERS_KWARGS)
     if unknown:
         raise UsageError(f"the model takes no argument {', '.join(unknown)}")
 

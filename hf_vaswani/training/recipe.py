@@ -4,6 +4,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -115,8 +116,14 @@ def run_recipe(
     different training corpus is refused.
     """
     run = RecipeRun(Path(output_dir), settings, resume, overwrite, source_lang, target_lang, dataset_name, command)
-    with prepared_run_folder(run.output_dir, settings, resume, overwrite) as previous_run:
-        return train_and_write(corpus, run, previous_run)
+    return run_in_folder(run, lambda: corpus)
+
+
+def run_in_folder(run: RecipeRun, load_corpus: Callable[[], DatasetDict]) -> dict:
+    """`run` in its output folder, held and checked (`prepared_run_folder`) before `load_corpus` reads the corpus: a
+    folder another run holds, or a run there without `resume` or `overwrite`, is refused before any work."""
+    with prepared_run_folder(run.output_dir, run.settings, run.resume, run.overwrite) as previous_run:
+        return train_and_write(load_corpus(), run, previous_run)
 
 
 def train_and_write(corpus: DatasetDict, run: RecipeRun, previous_run: dict | None) -> dict:
