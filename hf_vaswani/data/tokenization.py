@@ -17,6 +17,8 @@ Design choices, and why:
   (fairseq's Multi30k and WMT runs): on the characters of whitespace-separated words, each word's last symbol marked as
   its end (`</w>`), so a word is the same tokens wherever it stands. Characters unseen in training encode as `<unk>`,
   and decoding joins the words with single spaces: for text already tokenized and normalised, as those recipes were.
+  Its merges are learnt by subword-nmt itself, so the same text gives the same merges, in subword-nmt's order, on every
+  run; tokenizers applies them.
 * Special tokens take fixed ids, those the model config defaults to: `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3.
 * Every encoding, source (`tokenizer(text)`) or target (`tokenizer(text_target=...)`), ends with `</s>` and has no
   `<s>`: the decoder is started with `<s>` (`decoder_start_token_id`), the labels end with `</s>`. The template lives
@@ -27,12 +29,15 @@ Design choices, and why:
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from subword_nmt.learn_bpe import learn_bpe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -46,8 +51,8 @@ BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
 UNK_TOKEN = "<unk>"
 END_OF_WORD = "</w>"  # subword-nmt's mark on the last symbol of a word
-# Order matters: BpeTrainer gives special tokens the first ids in list order, which must match VaswaniConfig's
-# pad/bos/eos defaults (0, 1, 2).
+# Order matters: special tokens take the first ids in list order, which must match VaswaniConfig's pad/bos/eos
+# defaults (0, 1, 2).
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 SPECIAL_TOKEN_IDS: dict[str, int] = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 
@@ -95,28 +100,65 @@ def _check_training_arguments(vocab_size: int, min_frequency: int, kind: str, me
         raise UsageError(f"min_frequency must be >= 1, got {min_frequency}")
 
 
-def _untrained(kind: str, vocab_size: int, min_frequency: int) -> tuple[Tokenizer, trainers.BpeTrainer]:
-    """The empty BPE of `kind`, with the trainer that learns it."""
-    if kind == "byte_level":
-        # unk_token is set for completeness only: with the full byte alphabet in the vocabulary it is never produced.
-        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        backend.decoder = decoders.ByteLevel()
-        # Seed with all 256 bytes, not just those seen in training, so unseen characters stay encodable.
-        kind_options = {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()}
-    else:
-        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN, end_of_word_suffix=END_OF_WORD))
-        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        backend.decoder = decoders.BPEDecoder(suffix=END_OF_WORD)
-        kind_options = {"end_of_word_suffix": END_OF_WORD}
+def _byte_level_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int) -> Tokenizer:
+    """GPT-2's byte-level BPE learnt on `texts` by tokenizers' trainer. Every symbol it starts from is in its initial
+    alphabet, so the ids that break ties between pairs of equal frequency, and so its merges, are the same each run."""
+    # unk_token is set for completeness only: with the full byte alphabet in the vocabulary it is never produced.
+    backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=False,
-        **kind_options,
+        # Seed with all 256 bytes, not just those seen in training, so unseen characters stay encodable.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    return backend, trainer
+    backend.train_from_iterator(texts, trainer=trainer)
+    return backend
+
+
+def _subword_nmt_bpe(
+    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int, merges: int | None
+) -> Tokenizer:
+    """Sennrich et al.'s BPE, its merges learnt by their subword-nmt and applied by tokenizers. tokenizers' trainer
+    cannot stand in: it breaks ties between pairs of equal frequency by the ids it gives word-final symbols in
+    hash-map order, so its merges change from run to run; subword-nmt breaks them by the pairs themselves."""
+    pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    strings = chain.from_iterable([text] if isinstance(text, str) else text for text in texts)
+    word_counts = Counter(word for text in strings for word, _ in pre_tokenizer.pre_tokenize_str(text))
+    characters = sorted({character for word in word_counts for character in word})
+    initial = characters + sorted({word[-1] + END_OF_WORD for word in word_counts})
+    wanted = merges if merges is not None else vocab_size - len(SPECIAL_TOKENS) - len(initial)
+    learnt = _learnt_merges(word_counts, wanted, min_frequency)
+    vocab: dict[str, int] = {}
+    for token in chain(SPECIAL_TOKENS, initial, (left + right for left, right in learnt)):
+        vocab.setdefault(token, len(vocab))
+    # Two merges can make the same token; to fill `vocab_size`, learn as many more as that left unfilled.
+    while merges is None and len(learnt) == wanted and len(vocab) < vocab_size:
+        wanted += vocab_size - len(vocab)
+        learnt = _learnt_merges(word_counts, wanted, min_frequency)
+        for left, right in learnt:
+            vocab.setdefault(left + right, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=learnt, unk_token=UNK_TOKEN, end_of_word_suffix=END_OF_WORD))
+    backend.pre_tokenizer = pre_tokenizer
+    backend.decoder = decoders.BPEDecoder(suffix=END_OF_WORD)
+    return backend
+
+
+def _learnt_merges(word_counts: Counter[str], count: int, min_frequency: int) -> list[tuple[str, str]]:
+    """The first `count` merges subword-nmt's `learn-bpe` learns from `word_counts` (fewer where no pair is left
+    occurring `min_frequency` times). Each merge depends on the earlier ones alone, so a longer run extends a shorter
+    one."""
+    if count < 1:
+        return []
+    counts_file = io.StringIO("".join(f"{word} {n}\n" for word, n in sorted(word_counts.items())))
+    codes = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar and "no pair has frequency >= N. Stopping"
+        learn_bpe(counts_file, codes, count, min_frequency=min_frequency, is_dict=True)
+    lines = codes.getvalue().splitlines()[1:]  # after its "#version: 0.2" header
+    return [(left, right) for left, right in (line.split(" ") for line in lines)]
 
 
 def _train(
@@ -129,14 +171,10 @@ def _train(
     """Train the BPE of `kind` on `texts` (strings or batches of strings) and wrap it for transformers; with `merges`,
     subword_nmt's BPE of that many merges (`vocab_size` unused)."""
     _check_training_arguments(vocab_size, min_frequency, kind, merges)
-    if merges is not None:
-        texts = list(chain.from_iterable([text] if isinstance(text, str) else text for text in texts))
-        # a vocabulary size the trainer reaches after `merges` merges or more: the first `merges` are kept
-        vocab_size = len(SPECIAL_TOKENS) + _initial_symbols(texts) + merges
-    backend, trainer = _untrained(kind, vocab_size, min_frequency)
-    backend.train_from_iterator(texts, trainer=trainer)
-    if merges is not None:
-        backend = _first_merges(backend, merges)
+    if kind == "byte_level":
+        backend = _byte_level_bpe(texts, vocab_size, min_frequency)
+    else:
+        backend = _subword_nmt_bpe(texts, vocab_size, min_frequency, merges)
 
     for token, expected_id in SPECIAL_TOKEN_IDS.items():
         actual_id = backend.token_to_id(token)
@@ -150,30 +188,6 @@ def _train(
         special_tokens=[(EOS_TOKEN, SPECIAL_TOKEN_IDS[EOS_TOKEN])],
     )
     return _wrapped(backend)
-
-
-def _initial_symbols(texts: list[str]) -> int:
-    """At least as many symbols as subword_nmt's BPE starts from on `texts`: each character of a word, and each
-    word-final one again, marked with END_OF_WORD. tokenizers' trainer counts them into its vocabulary size."""
-    characters: set[str] = set()
-    for text in texts:
-        characters.update(text)
-    return 2 * len(characters)
-
-
-def _first_merges(backend: Tokenizer, merges: int) -> Tokenizer:
-    """`backend`'s BPE keeping its first `merges` merges and the vocabulary they and the initial symbols make. Merges
-    are learnt in order and each later one only adds tokens after the earlier ones' ids, so the first ones are the BPE
-    a trainer stopping there learns. tokenizers' BpeTrainer stops at a vocabulary size, not a count of merges."""
-    state = json.loads(backend.to_str())
-    learnt = [pair.split(" ") if isinstance(pair, str) else pair for pair in state["model"]["merges"]]
-    kept = {left + right for left, right in learnt[:merges]}
-    dropped = {left + right for left, right in learnt[merges:]} - kept
-    state["model"]["merges"] = learnt[:merges]
-    state["model"]["vocab"] = {token: i for token, i in state["model"]["vocab"].items() if token not in dropped}
-    if sorted(state["model"]["vocab"].values()) != list(range(len(state["model"]["vocab"]))):
-        raise RuntimeError("the BPE's vocabulary does not end with the tokens of its last merges")
-    return Tokenizer.from_str(json.dumps(state))
 
 
 def _wrapped(backend: Tokenizer) -> PreTrainedTokenizerFast:
