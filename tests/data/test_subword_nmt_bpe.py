@@ -1,11 +1,13 @@
 """kind="subword_nmt": BPE as Sennrich et al. (2016) learn and apply it, against their subword-nmt and their
-Algorithm 1."""
+Algorithm 1, the same in every process."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -142,10 +144,11 @@ def subword_nmt_merges(texts: list[str], merges: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("count", [1, 17, 120])
-def test_a_count_of_merges_learns_as_many_as_subword_nmt(count: int) -> None:
+def test_a_count_of_merges_learns_subword_nmts_merges_in_its_order(count: int) -> None:
+    # The corpus has many pairs of equal frequency: the order among them is subword-nmt's (the larger pair first).
     sized = train_shared_bpe(CORPUS * 3, merges=count, min_frequency=MIN_FREQUENCY, kind="subword_nmt")
     learnt = merges(sized)
-    assert len(learnt) == len(subword_nmt_merges(CORPUS * 3, count)) == count
+    assert learnt == subword_nmt_merges(CORPUS * 3, count) and len(learnt) == count
     remaining_pair_counts(learnt)
     # the vocabulary: the special tokens, each character of a word and each word-final one marked, and the merges'
     words = {word for text in CORPUS for word in text.split()}
@@ -165,3 +168,25 @@ def test_a_count_of_merges_sizes_subword_nmts_bpe_only() -> None:
         train_shared_bpe(CORPUS, merges=100, kind="byte_level")
     with pytest.raises(ValueError, match="merges must be >= 1, got 0"):
         train_shared_bpe(CORPUS, merges=0, kind="subword_nmt")
+
+
+LEARN_IN_A_NEW_PROCESS = """
+import sys
+from tests_corpus import CORPUS
+from hf_vaswani.data.tokenization import train_shared_bpe
+tokenizer = train_shared_bpe(CORPUS * 3, vocab_size=300, kind="subword_nmt")
+sys.stdout.write(tokenizer.backend_tokenizer.to_str())
+"""
+
+
+def test_every_process_learns_the_same_bpe(tmp_path: Path) -> None:
+    # Hash maps are seeded per process (Python's str hashes, Rust's RandomState), so one process could not show it.
+    (tmp_path / "tests_corpus.py").write_text(f"CORPUS = {CORPUS!r}\n")
+    learnt = [
+        subprocess.run(
+            [sys.executable, "-c", LEARN_IN_A_NEW_PROCESS], cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    ]
+    assert learnt[0] == learnt[1]
+    assert len(json.loads(learnt[0])["model"]["vocab"]) == 300
