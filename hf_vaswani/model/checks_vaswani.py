@@ -27,15 +27,22 @@ def check_tensor(name: str, value: object, ndim: int) -> None:
         raise UsageError(f"{name} must be a tensor of shape ({DIMENSIONS[ndim]}), got {got}")
 
 
+def values_wait_for_device(tensor: torch.Tensor) -> bool:
+    """Whether reading `tensor`'s values on the host waits for its device: on an accelerator the host stops queuing
+    work until the device has caught up, so the model reads none there."""
+    return tensor.device.type != "cpu"
+
+
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignored_id: int | None = None) -> None:
     """Refuses ids that are not integers of [0, vocab_size), naming the first one outside it, instead of an error deep
-    in an embedding."""
+    in an embedding. Only the dtype of ids on an accelerator (or in a compiled graph) is checked: their values are
+    checked where they are made on the CPU (VaswaniTrainer's collated batches, `hf_vaswani.generate`'s sources)."""
     if ids is None:
         return
     if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES:
         got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise UsageError(f"{name} must be a tensor of token ids (torch.long or torch.int), got {got}")
-    if torch.compiler.is_compiling():  # a data-dependent check would break a fullgraph compile
+    if torch.compiler.is_compiling() or values_wait_for_device(ids):  # a wait, or a break in a fullgraph compile
         return
     valid = (ids >= 0) & (ids < vocab_size)
     if ignored_id is not None:

@@ -1,13 +1,16 @@
 """Cross-entropy of the pre-softmax projection, label-smoothed on request (§5.4), with a training path that never holds
 all logits.
 
-This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch.
+This file travels to the Hub with `trust_remote_code` (the model file imports it): it imports only torch and the
+model's checks.
 """
 
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from .checks_vaswani import values_wait_for_device
 
 # a @ b.T + bias for 2-d a and b: the products of the chunked loss (the installed package's kernels/cpu.py passes
 # faster ones)
@@ -106,11 +109,15 @@ def label_smoothed_loss(
 
     -100 and `pad_token_id` labels are not counted. The sums are divided by `num_items_in_batch` when given (Trainer's
     count over an accumulated batch, so that gradient accumulation equals one large batch), else by this batch's
-    count. From `logits` when they were computed anyway, else chunk by chunk from the decoder's last hidden states,
-    the output projection's products computed by `product`.
+    count. From `logits` when they were computed anyway; else on the CPU chunk by chunk from the decoder's last hidden
+    states, the output projection's products computed by `product`; else from the logits of all positions at once.
     """
     labels = labels.masked_fill(labels == pad_token_id, -100).to(hidden_states.device)
     denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    # The chunks leave out the padded positions by reading which they are: on an accelerator a wait every batch and
+    # a break in a compiled graph; there all logits at once cost memory only, and a compiler fuses their softmax.
+    if logits is None and (values_wait_for_device(labels) or torch.compiler.is_compiling()):
+        logits = output_projection(hidden_states)
     if logits is None:
         weight, bias = output_projection.weight, output_projection.bias
         # At most ~16 MiB of float32 logits a chunk, and at most 2 d_model positions: past that, the weight gradient's

@@ -35,7 +35,14 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .checks_vaswani import check_inputs, check_keyword_arguments, check_labels, check_source, check_token_ids
+from .checks_vaswani import (
+    check_inputs,
+    check_keyword_arguments,
+    check_labels,
+    check_source,
+    check_token_ids,
+    values_wait_for_device,
+)
 from .configuration_vaswani import VaswaniConfig
 from .errors_vaswani import UsageError
 from .generation_vaswani import PaperDecodingMixin
@@ -380,7 +387,11 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         check_source(input_ids, inputs_embeds, self.embeddings.embed_tokens)
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            # dropping a mask without padding reads it: on an accelerator, a wait for the device
+            allow_is_bidirectional_skip=not values_wait_for_device(hidden_states),
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
@@ -444,6 +455,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             inputs_embeds=hidden_states,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
+            allow_is_bidirectional_skip=not values_wait_for_device(hidden_states),
         )
         for layer in self.layers:
             hidden_states = layer(
@@ -609,8 +621,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             loss is divided by it so that gradient accumulation equals one large batch.
         logits_to_keep: logits for the last this many positions only (0: all), or for the positions this tensor
             indexes; `generate` asks for the last one. The loss still covers every labelled position.
-        return_logits: False (with labels) computes the loss chunk by chunk without ever holding the full-vocabulary
-            logits, and returns `logits=None` (loss_vaswani.py): what training needs, in less memory.
+        return_logits: False (with labels) returns `logits=None`, what training needs: on the CPU the loss is then
+            computed chunk by chunk without ever holding the full-vocabulary logits (loss_vaswani.py).
         smoothing: the label smoothing eps_ls of this call's loss (§5.4 trains with 0.1): the cross-entropy against
             (1 - eps) one_hot(y) + eps / V, the plain cross-entropy still in `nll_loss`; None: the config's
             `label_smoothing` (0 unless set). Not named label_*: Trainer takes such parameters for labels.
@@ -648,7 +660,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         if return_logits:
             positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(outputs.last_hidden_state[:, positions])
-        if labels is not None:  # from the logits when they cover every position, else chunk by chunk
+        if labels is not None:  # from the logits when they cover every position
             loss, nll_loss = self.loss_function(
                 outputs.last_hidden_state,
                 self.lm_head,

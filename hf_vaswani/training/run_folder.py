@@ -22,9 +22,11 @@ RUN_OUTPUTS = ("model", "results.json", "training_curves.png")
 # What a run leaves in its output folder: any of them means the folder holds one.
 RUN_ENTRIES = (RUN_RECORD, TOKENIZER_FOLDER, "checkpoints", *RUN_OUTPUTS)
 # Settings a resumed run may change: more steps continue the same trajectory (Eq. 3 and the data order do not depend
-# on the total), and decoding and evaluation come after training. Fewer steps could end before the last checkpoint.
+# on the total), a compiled model computes what the eager one does, and decoding and evaluation come after training.
+# Fewer steps could end before the last checkpoint.
 RESUMABLE_SETTINGS = (
     "max_steps",
+    "torch_compile",
     "num_beams",
     "length_penalty",
     "eval_batch_size",

@@ -212,6 +212,13 @@ class RecipeSettings:
         },
     )
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
+    torch_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "train the model compiled by torch.compile (Trainer's torch_compile; the first steps compile it): "
+            "for a GPU"
+        },
+    )
     bpe_dropout: float | None = field(
         default=None,
         metadata={

@@ -8,6 +8,7 @@ and the exact learning-rate formula (§5.3, Eq. 3, `paper_lr_scheduler`).
 """
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTraine
 
 from ..data.batching import TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
+from ..model.checks_vaswani import check_token_ids
 from ..model.errors_vaswani import UsageError
 from .precision import cpu_bf16_matmul_works
 from .schedule import paper_lr_scheduler
@@ -42,6 +44,9 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         # over gloo; without it each process would train alone.
         use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
         ddp_find_unused_parameters=False,  # every parameter takes part in every step
+        # Trainer's filter reads every step's loss on the host, a wait for an accelerator each step; a step whose loss
+        # is not finite shows as such in the logged loss and nll_loss.
+        logging_nan_inf_filter=False,
     )
     arguments = {**settings, **overrides}
     if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():
@@ -91,6 +96,22 @@ def initialise_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+class TokenIdCheckingCollator:
+    """`collator`'s batches with their token ids checked against the model's vocabulary, on the CPU where they are made:
+    the model reads no ids on an accelerator (model/checks_vaswani.py), where an id outside the vocabulary would stop
+    the device with an assertion deep inside an embedding."""
+
+    def __init__(self, collator: Callable[[list], dict], vocab_size: int) -> None:
+        self.collator, self.vocab_size = collator, vocab_size
+
+    def __call__(self, features: list) -> dict:
+        batch = self.collator(features)
+        for name in ("input_ids", "decoder_input_ids"):
+            check_token_ids(name, batch.get(name), self.vocab_size)
+        check_token_ids("labels", batch.get("labels"), self.vocab_size, ignored_id=-100)
+        return batch
+
+
 class VaswaniTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's token-based batches (§5.1) and learning-rate schedule (§5.3, Eq. 3).
 
@@ -100,8 +121,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     by `args.learning_rate`, and with `cooldown_steps` falls linearly to zero over the run's last steps
     (`paper_lr_scheduler`).
 
-    Training steps smooth the loss by `args.label_smoothing_factor` (§5.4) in the model's own chunked loss, which never
-    holds the full-vocabulary logits (0: the model's loss as configured); evaluation reports the model's loss, the
+    Training steps smooth the loss by `args.label_smoothing_factor` (§5.4) in the model's own loss, which on the CPU
+    never holds the full-vocabulary logits (0: the model's loss as configured); evaluation reports the model's loss, the
     cross-entropy unless its config sets smoothing. Each training log entry has `nll_loss` beside `loss`: the
     cross-entropy of the target tokens of the same steps, all processes' (fairseq logs both), in nats per token; its
     exp is the training perplexity.
@@ -113,6 +134,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             raise UsageError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
         self.cooldown_steps = cooldown_steps
+        self.data_collator = TokenIdCheckingCollator(self.data_collator, self.model.config.vocab_size)
         # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
         self.model.register_load_state_dict_post_hook(tied_copies_are_loaded)
         # The model smooths its own loss (compute_loss): Trainer's LabelSmoother would need the logits.
@@ -166,7 +188,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return super().train(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
-        # Training reads only the loss: the model then never holds the full-vocabulary logits (loss_vaswani.py).
+        # Training reads only the loss: on the CPU the model then never holds the full-vocabulary logits.
         if not return_outputs:
             inputs = {**inputs, "return_logits": False}
         if model.training and self.args.label_smoothing_factor:
