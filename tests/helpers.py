@@ -1,4 +1,5 @@
-"""Checks shared by the tests: the trained fixture's criterion, refused commands, code run without hf_vaswani."""
+"""Checks shared by the tests: the trained fixture's criterion, refused commands, code run without hf_vaswani, reads
+on the host counted."""
 
 import itertools
 import json
@@ -6,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ from tiny import random_model
 
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
+from hf_vaswani.decoding import search
+from hf_vaswani.model import checks_vaswani, loss_vaswani, modeling_vaswani
 
 REFUSE_HF_VASWANI = """
 import sys
@@ -179,3 +183,29 @@ def sharpened(model):
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     return model
+
+
+# --- What the model must not do on an accelerator, counted on the CPU -----------------------------------------------
+
+# The Python-level calls that hand a tensor's values to the host: on an accelerator each waits for the device.
+HOST_READS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
+
+
+def take_tensors_as_on_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor taken for one on an accelerator by the code that asks (`values_wait_for_device`)."""
+    for module in (checks_vaswani, loss_vaswani, modeling_vaswani, search):
+        monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
+
+
+def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """From now on, the count of each HOST_READS call."""
+    counts: Counter = Counter()
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, __name=name, __original=original, **kwargs):
+            counts[__name] += 1
+            return __original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts

@@ -39,6 +39,7 @@ from transformers.generation.logits_process import (
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 
 from ..kernels.cpu import packed_weights
+from ..model.checks_vaswani import values_wait_for_device
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import (
     BannedColumnsLogitsProcessor,
@@ -245,18 +246,47 @@ def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Calla
     return partial(torch.nn.functional.linear, weight=projection.weight[columns], bias=bias)
 
 
-def apply_rules(request: Request, scores: torch.Tensor, length: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class StepRules:
+    """The request's rules as a step applies them, made once a call on the device of its scores, so that no step reads
+    anything on the host for them: the banned columns at each hypothesis length (None: none), and where </s> is among
+    the scored columns."""
+
+    banned: list[torch.Tensor | None]
+    eos_column: torch.Tensor
+
+    @classmethod
+    def of(cls, request: Request, device: torch.device) -> "StepRules":
+        banned: list[torch.Tensor | None] = []
+        columns_of_rules: dict[tuple[bool, ...], torch.Tensor | None] = {}  # the rules bar alike while alike in force
+        for length in range(request.max_length + 1):
+            if request.banned is None:
+                banned.append(None)
+                continue
+            in_force = tuple(length - skipped < minimum for _, minimum, skipped in request.banned.rules)
+            if in_force not in columns_of_rules:
+                ids = request.banned.banned_ids(length, request.vocab_size)
+                columns_of_rules[in_force] = None if ids is None else column_positions(request, ids.to(device))
+            banned.append(columns_of_rules[in_force])
+        eos = torch.tensor([request.config.eos_token_id], device=device)
+        return cls(banned, column_positions(request, eos))
+
+
+def apply_rules(request: Request, rules: StepRules, scores: torch.Tensor, length: int) -> torch.Tensor:
     """`scores` (changed in place) with the request's banned columns and source-length cap at a step whose hypotheses
     hold `length` tokens, in transformers' order (its own processors, then the caller's)."""
-    if request.banned is not None:
-        banned = request.banned.banned_ids(length, request.vocab_size)
-        if banned is not None:
-            scores.index_fill_(1, column_positions(request, banned.to(scores.device)), -math.inf)
-    if request.cap is not None:
-        rows = request.cap.rows_at_cap(scores.shape[0], length)
+    if rules.banned[length] is not None:
+        scores.index_fill_(1, rules.banned[length], -math.inf)
+    if request.cap is None:
+        return scores
+    at_cap = request.cap.at_cap(scores.shape[0], length)
+    if values_wait_for_device(scores):  # finding the rows at their cap would wait for the device: every row masked
+        eos_scores = scores.index_select(1, rules.eos_column).masked_fill_(at_cap[:, None], 0.0)
+        scores.masked_fill_(at_cap[:, None], -math.inf).index_copy_(1, rules.eos_column, eos_scores)
+    else:  # on the CPU most steps find no row at its cap, and skip the vocabulary-sized work
+        rows = at_cap.nonzero().squeeze(1)
         if rows.numel():
-            eos = torch.tensor([request.config.eos_token_id], device=scores.device)
-            request.cap.force_end(scores, rows, int(column_positions(request, eos)[0]))
+            request.cap.force_end(scores, rows, rules.eos_column)
     return scores
 
 
@@ -285,16 +315,17 @@ def greedy_search(model: VaswaniForConditionalGeneration, request: Request) -> G
     decoder = Decoder(model, request)
     rows = request.source_ids.shape[0]
     start = torch.full((rows,), config.decoder_start_token_id, device=request.source_ids.device)
+    rules = StepRules.of(request, start.device)
     tokens, scores = [start], []
     unfinished = torch.ones(rows, dtype=torch.bool, device=start.device)
     while True:
-        logits = apply_rules(request, decoder.next_logits(tokens[-1]), len(tokens))
+        logits = apply_rules(request, rules, decoder.next_logits(tokens[-1]), len(tokens))
         if config.output_scores:
             scores.append(vocabulary_scores(request, logits))
         next_tokens = vocabulary_ids(request, logits.argmax(-1)).masked_fill_(~unfinished, config.pad_token_id)
         tokens.append(next_tokens)
         unfinished &= next_tokens != config.eos_token_id
-        if len(tokens) >= request.max_length or not unfinished.any():
+        if len(tokens) >= request.max_length or not unfinished.any():  # the step's one read on the host
             break
     return GenerateEncoderDecoderOutput(
         sequences=torch.stack(tokens, 1), scores=tuple(scores) if config.output_scores else None, cache=decoder.cache
@@ -310,6 +341,7 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
     sentences = request.source_ids.shape[0]
     device = request.source_ids.device
     decoder = Decoder(model, request)
+    rules = StepRules.of(request, device)
     tokens = torch.full((sentences * beams,), config.decoder_start_token_id, device=device)
     max_length = request.max_length
     running_scores = torch.zeros((sentences, beams), device=device)
@@ -327,7 +359,7 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
     while True:
         length = len(history) + 1  # tokens of each hypothesis, the start token included
         log_probs = decoder.next_logits(tokens)
-        log_probs = apply_rules(request, torch.log_softmax(log_probs, -1, out=log_probs), length)
+        log_probs = apply_rules(request, rules, torch.log_softmax(log_probs, -1, out=log_probs), length)
         if config.output_scores:
             all_scores.append(vocabulary_scores(request, log_probs))
         row_best = min(keep, log_probs.shape[-1])
@@ -371,13 +403,16 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
         best_possible = running_scores[:, :1] / (bound_length ** penalty_exponent(bound_length, config.length_penalty))
         worst_finished = torch.where(finished, torch.min(finished_scores, dim=1, keepdim=True)[0], -1.0e9)
         improvable = improvable & torch.any(best_possible > worst_finished, dim=-1, keepdim=True)
-        open_beams = not (bool(finished.all()) and config.early_stopping is True)
-        if not (bool(improvable.any()) and open_beams and not bool(ends.all())):
+        open_beams = ~finished.all() | (config.early_stopping is not True)
+        going_on = improvable.any() & open_beams & ~ends.all()
+        # the step's one read on the host: whether to go on, and the longest hypothesis returned so far
+        going_on, steps = torch.stack((going_on.long(), finished_step[:, : config.num_return_sequences].max())).tolist()
+        if not going_on:
             break
 
     returned = config.num_return_sequences
     sequences, beam_indices = backtrack(
-        history, finished_step[:, :returned], finished_candidate[:, :returned], row_offsets, fill_value(config)
+        history, finished_step[:, :returned], finished_candidate[:, :returned], row_offsets, fill_value(config), steps
     )
     start = torch.full((sequences.shape[0], 1), config.decoder_start_token_id, device=device)
     return GenerateBeamEncoderDecoderOutput(
@@ -419,11 +454,12 @@ def backtrack(
     end_candidate: torch.Tensor,
     row_offsets: torch.Tensor,
     fill: int,
+    last_end_step: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens of the hypotheses ending at candidate `end_candidate` of step `end_step` (sentences x returned),
-    as rows (sentences * returned) x longest, `fill` after each end; and transformers' `beam_indices` (the decoder
-    row each token continued, -1 after the end)."""
-    length = int(end_step.max()) + 1
+    """The tokens of the hypotheses ending at candidate `end_candidate` of step `end_step` (sentences x returned, the
+    last of them `last_end_step`), as rows (sentences * returned) x longest, `fill` after each end; and transformers'
+    `beam_indices` (the decoder row each token continued, -1 after the end)."""
+    length = last_end_step + 1
     sentences, returned = end_step.shape
     tokens = torch.full((sentences, returned, length), fill, dtype=torch.long, device=end_step.device)
     rows = torch.full((sentences, returned, length), -1, dtype=torch.int32, device=end_step.device)

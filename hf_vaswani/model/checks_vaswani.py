@@ -35,8 +35,9 @@ def values_wait_for_device(tensor: torch.Tensor) -> bool:
 
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignored_id: int | None = None) -> None:
     """Refuses ids that are not integers of [0, vocab_size), naming the first one outside it, instead of an error deep
-    in an embedding. Only the dtype of ids on an accelerator (or in a compiled graph) is checked: their values are
-    checked where they are made on the CPU (VaswaniTrainer's collated batches, `hf_vaswani.generate`'s sources)."""
+    in an embedding. Only the dtype of ids on an accelerator (or in a compiled graph) is checked: there an id outside
+    the vocabulary stops the device with an assertion in the embedding, as in transformers' models (VaswaniTrainer
+    checks its batches on the CPU where it collates them)."""
     if ids is None:
         return
     if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES:

@@ -75,13 +75,18 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
 
     def rows_at_cap(self, rows: int, length: int) -> torch.Tensor:
         """Which of `rows` hypotheses of `length` tokens (the prompt included) must end at the next token."""
+        return self.at_cap(rows, length).nonzero().squeeze(1)
+
+    def at_cap(self, rows: int, length: int) -> torch.Tensor:
+        """For each of `rows` hypotheses of `length` tokens (the prompt included), whether it must end at the next
+        token."""
         # Beam search and num_return_sequences repeat each sentence's rows consecutively.
         rows_per_sentence = rows // self.source_lengths.shape[0]
         caps = self.source_lengths.repeat_interleave(rows_per_sentence) + self.extra_tokens
         generated = length - self.start_length
-        return (generated + 1 >= caps).nonzero().squeeze(1)
+        return generated + 1 >= caps
 
-    def force_end(self, scores: torch.FloatTensor, rows: torch.Tensor, eos_column: int | None = None):
+    def force_end(self, scores: torch.FloatTensor, rows: torch.Tensor, eos_column: int | torch.Tensor | None = None):
         """`scores` (changed in place) with </s> the only choice in `rows`; </s> in column `eos_column` where the
         scores cover part of the vocabulary only (its id otherwise)."""
         rows = rows.to(scores.device)

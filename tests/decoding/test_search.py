@@ -3,7 +3,18 @@ and which of the two a call runs."""
 
 import pytest
 import torch
-from helpers import EOS, best, exhaustive_scores, offset_eos_logit, padded_batch, peaked_model, sharpened, strip
+from helpers import (
+    EOS,
+    best,
+    count_host_reads,
+    exhaustive_scores,
+    offset_eos_logit,
+    padded_batch,
+    peaked_model,
+    sharpened,
+    strip,
+    take_tensors_as_on_an_accelerator,
+)
 from tiny import PROBE_SENTENCES, TINY_MODEL, UNEVEN_MODEL, random_model, tiny_marian
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -18,8 +29,10 @@ from hf_vaswani.decoding.search import (
     INACTIVE_VALUES,
     READ_SETTINGS,
     UNREAD_SETTINGS,
+    Decoder,
     Request,
     covered_request,
+    decode,
     generate,
 )
 from hf_vaswani.interop.convert import from_marian
@@ -222,3 +235,31 @@ def test_every_generation_setting_is_read_unread_or_covered_only_where_inactive(
     unplaced = settings - set().union(*groups)
     assert not unplaced, f"GenerationConfig settings new to hf_vaswani.decoding.search: {sorted(unplaced)}"
     assert sum(len(group) for group in groups) == len(set().union(*groups)), "a setting is in two groups"
+
+
+ACCELERATOR_CALLS = {
+    "greedy, ban and minimum": dict(num_beams=1, bad_words_ids=[[5], [7]], min_new_tokens=3),
+    "beam 4, cap 2 over the source": dict(num_beams=4, max_new_tokens_over_source=2),
+    "beam 3, n-best with scores, min_length": dict(
+        num_beams=3, num_return_sequences=2, output_scores=True, return_dict_in_generate=True, min_length=4
+    ),
+    "beam 5, early_stopping False": dict(num_beams=5, early_stopping=False),
+}
+
+
+@pytest.mark.parametrize("call", ACCELERATOR_CALLS.values(), ids=ACCELERATOR_CALLS.keys())
+def test_on_an_accelerator_a_step_reads_one_value_on_the_host(monkeypatch, call: dict) -> None:
+    """Whether to go on; the sequences and scores still transformers' (the source-length cap then masks every row)."""
+    model = sharpened(kernelize(random_model(0, TINY_MODEL)))
+    model.generation_config = paper_generation_config(model.config)
+    source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=3, eos_token_id=EOS)
+    theirs = by_transformers_loop(model, source, attention_mask=mask, **call)
+    steps = []
+    next_logits = Decoder.next_logits
+    monkeypatch.setattr(Decoder, "next_logits", lambda self, tokens: steps.append(1) or next_logits(self, tokens))
+    take_tensors_as_on_an_accelerator(monkeypatch)
+    request = covered_request(model, source, None, {"attention_mask": mask, **call})  # reads the lengths
+    host_reads = count_host_reads(monkeypatch)
+    ours = decode(model, request)
+    assert len(steps) > 3 and sum(host_reads.values()) <= len(steps), (dict(host_reads), len(steps))
+    assert_same_output(ours, theirs)

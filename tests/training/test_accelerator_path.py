@@ -1,49 +1,23 @@
 """Training as it runs on an accelerator, checked on the CPU by what it must not do: read a tensor's values on the host
 (which waits for the device), or break the compiled graph; and by equality with the CPU's chunked loss."""
 
-from collections import Counter
-from collections.abc import Iterator
-
 import pytest
 import torch
+from helpers import count_host_reads, take_tensors_as_on_an_accelerator
 from tiny import TINY_MODEL, TRAINABLE_MODEL, toy_dataset, toy_tokenizer
 from torch import nn
 from transformers import DataCollatorForSeq2Seq
 
 from hf_vaswani import UsageError, VaswaniConfig, VaswaniForConditionalGeneration
-from hf_vaswani.model import checks_vaswani, loss_vaswani, modeling_vaswani
+from hf_vaswani.model import loss_vaswani
 from hf_vaswani.model.loss_vaswani import label_smoothed_loss
 from hf_vaswani.training.recipe import tokenize_corpus
 from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
-
-# The Python-level calls that hand a tensor's values to the host: on an accelerator each waits for the device.
-HOST_READS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return toy_tokenizer()
-
-
-@pytest.fixture
-def as_on_an_accelerator(monkeypatch) -> None:
-    """Every tensor taken for one on an accelerator, whose values the model must not read."""
-    for module in (checks_vaswani, loss_vaswani, modeling_vaswani):
-        monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
-
-
-@pytest.fixture
-def host_reads(monkeypatch) -> Iterator[Counter]:
-    counts: Counter = Counter()
-    for name in HOST_READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, __name=name, __original=original, **kwargs):
-            counts[__name] += 1
-            return __original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    yield counts
 
 
 def trainer_and_batch(tmp_path, tokenizer) -> tuple[VaswaniTrainer, dict]:
@@ -63,12 +37,11 @@ def trainer_and_batch(tmp_path, tokenizer) -> tuple[VaswaniTrainer, dict]:
     return trainer, batch
 
 
-def test_a_training_micro_batch_reads_nothing_on_the_host(
-    tmp_path, tokenizer, as_on_an_accelerator, host_reads
-) -> None:
+def test_a_training_micro_batch_reads_nothing_on_the_host(tmp_path, tokenizer, monkeypatch) -> None:
     trainer, batch = trainer_and_batch(tmp_path, tokenizer)
     tokens = (batch["labels"] != -100).sum()
-    host_reads.clear()  # the checks above read the batch
+    take_tensors_as_on_an_accelerator(monkeypatch)
+    host_reads = count_host_reads(monkeypatch)
     loss = trainer.training_step(trainer.model, batch, num_items_in_batch=tokens)
     assert dict(host_reads) == {}
     assert torch.isfinite(loss) and all(p.grad is not None for p in trainer.model.parameters() if p.requires_grad)
