@@ -30,7 +30,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -210,7 +210,14 @@ class Decoder:
         self.encoder_states = model.get_encoder()(
             input_ids=request.source_ids, attention_mask=request.source_mask
         ).last_hidden_state
-        self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+        # On an accelerator the self-attention cache is allocated once for the longest output and written in place,
+        # its tensors keeping their addresses (what a captured graph needs); on the CPU it grows a position a step,
+        # so that reordering beams copies only the positions made so far.
+        if values_wait_for_device(self.encoder_states):
+            self_attention = StaticCache(config=model.config, max_cache_len=request.max_length)
+        else:
+            self_attention = DynamicCache(config=model.config)
+        self.cache = EncoderDecoderCache(self_attention, DynamicCache(config=model.config))
         self.projection = model.lm_head if request.columns is None else projection_over(model.lm_head, request.columns)
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -223,6 +230,17 @@ class Decoder:
             use_cache=True,
         ).last_hidden_state
         return self.projection(hidden)[:, -1].float()
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The self-attention cache's rows in the order of `rows` (those continued), a static cache's in place."""
+        cache = self.cache.self_attention_cache
+        if not isinstance(cache, StaticCache):
+            cache.reorder_cache(rows)
+            return
+        for layer in cache.layers:  # StaticLayer.reorder_cache would replace the tensors, and read their length
+            if layer.is_initialized:
+                layer.keys.copy_(layer.keys.index_select(0, rows))
+                layer.values.copy_(layer.values.index_select(0, rows))
 
 
 # torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call, a pass over the whole
@@ -393,7 +411,7 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
         history.append((candidate_tokens, candidate_parents, continued))
 
         continued_rows = candidate_parents.gather(1, continued) + row_offsets
-        decoder.cache.self_attention_cache.reorder_cache(continued_rows.view(-1))
+        decoder.reorder(continued_rows.view(-1))
         tokens = candidate_tokens.gather(1, continued).view(-1)
 
         # transformers' bound on what a running beam could still score (GenerationMixin._check_early_stop_heuristic)

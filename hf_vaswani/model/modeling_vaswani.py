@@ -210,7 +210,7 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         if (
-            not torch.compiler.is_compiling()
+            not (torch.compiler.is_compiling() or values_wait_for_device(position_ids))
             and position_ids.numel()
             and int(position_ids.max()) >= self.num_embeddings
         ):
