@@ -1,6 +1,8 @@
 """Training as it runs on an accelerator, checked on the CPU by what it must not do: read a tensor's values on the host
 (which waits for the device), or break the compiled graph; and by equality with the CPU's chunked loss."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import count_host_reads, take_tensors_as_on_an_accelerator
@@ -11,7 +13,8 @@ from transformers import DataCollatorForSeq2Seq
 from hf_vaswani import UsageError, VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.model import loss_vaswani
 from hf_vaswani.model.loss_vaswani import label_smoothed_loss
-from hf_vaswani.training.recipe import tokenize_corpus
+from hf_vaswani.training.recipe import tokenize_corpus, training_arguments
+from hf_vaswani.training.settings import DEMO_SETTINGS
 from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
 
 
@@ -20,12 +23,16 @@ def tokenizer():
     return toy_tokenizer()
 
 
-def trainer_and_batch(tmp_path, tokenizer) -> tuple[VaswaniTrainer, dict]:
-    """A VaswaniTrainer of the recipe's arguments and a padded batch of its collator, labels -100 where padded."""
+def trainer_and_batch(tmp_path, tokenizer, **arguments) -> tuple[VaswaniTrainer, dict]:
+    """A VaswaniTrainer of the recipe's arguments (and `arguments`), and a padded batch of its collator, labels -100
+    where padded."""
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig(vocab_size=len(tokenizer), **TRAINABLE_MODEL))
+    # no dropout: a compiled graph may draw its masks otherwise
+    config = VaswaniConfig(vocab_size=len(tokenizer), **TRAINABLE_MODEL, dropout=0.0)
+    model = VaswaniForConditionalGeneration(config)
     tokenized = tokenize_corpus(toy_dataset(), tokenizer)
-    args = paper_training_arguments(tmp_path, use_cpu=True, disable_tqdm=True, save_strategy="no", max_steps=1)
+    arguments = dict(use_cpu=True, disable_tqdm=True, save_strategy="no", max_steps=1) | arguments
+    args = paper_training_arguments(tmp_path, **arguments)
     trainer = VaswaniTrainer(
         model=model,
         args=args,
@@ -101,3 +108,19 @@ def test_forward_and_loss_compile_as_one_graph(tokenizer) -> None:
     torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
     for ours, theirs in zip(compiled_gradients, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_the_trainer_trains_the_compiled_model_as_the_eager_one(tmp_path, tokenizer) -> None:
+    """`--torch-compile` is Trainer's torch_compile; with it VaswaniTrainer's steps log the eager steps' losses."""
+    assert training_arguments(replace(DEMO_SETTINGS, torch_compile=True), tmp_path, "fp32").torch_compile
+    logged = {}
+    for compiled in (False, True):
+        # aot_eager: the graphs inductor would compile, run by torch's own kernels (no C++ build in a test)
+        options = dict(torch_compile_backend="aot_eager") if compiled else {}
+        trainer, _ = trainer_and_batch(
+            tmp_path / str(compiled), tokenizer, max_steps=3, logging_steps=1, per_device_train_batch_size=4, **options
+        )
+        trainer.train()
+        assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule) == compiled
+        logged[compiled] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged[True]) == 3 and logged[True] == pytest.approx(logged[False], rel=1e-5)
