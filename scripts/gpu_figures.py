@@ -1,48 +1,85 @@
-"""GPU figures: correctness on the device, training and decoding speed against MarianMTModel and CTranslate2, a short
-Multi30k run and a two-process step, in one command that keeps to a time limit.
+"""GPU figures: correctness on the device, training and decoding speed against MarianMTModel and CTranslate2, and the
+published Multi30k recipe end to end, each section alone or several in one command that keeps to a time limit.
 
-    python scripts/gpu_figures.py [--multi30k DIR] [--minutes 2] [--time-limit 8] [--output-dir DIR]
+    python scripts/gpu_figures.py [--only SECTION ...] [--time-limit 8] [--output-dir DIR]
+    python scripts/gpu_figures.py --only multi30k_published --multi30k DIR --time-limit 9.5
+    python scripts/gpu_figures.py --merge A/gpu_figures.json B/gpu_figures.json --output-dir DIR
     python scripts/gpu_figures.py --tiny --time-limit 1        # tiny sizes on the CPU, well under a minute
 
 Runs on CUDA where available, else on the CPU. Writes gpu_figures.json and gpu_figures.md into --output-dir (default:
 $OUT where set, else gpu_figures/) after every measurement, so a killed run keeps what it measured; what does not run
-is recorded with its reason (no GPU, too little time left, a package missing). A device machine gets no ../shared:
-copy the Multi30k corpus into a folder of the repository first and pass that folder as --multi30k. The output format
-and the figures: docs/performance.md ("GPU figures").
+is recorded with its reason (no GPU, too little time left, a package missing). The summary (ratios of the recorded
+figures) is recomputed at every write; --merge joins the reports of several runs (one per device call) into one and
+recomputes it. A device machine gets no ../shared: copy the Multi30k corpus into an ignored folder of the repository
+and pass that folder as --multi30k.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import inspect
 import json
 import math
 import os
+import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
+import zipfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import transformers
+from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, TrainerCallback
 
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani import generate as package_generate
+from hf_vaswani.decoding.search import covered_request
 from hf_vaswani.files import write_text
 from hf_vaswani.interop.export import to_marian, write_ctranslate2
+from hf_vaswani.training.recipe import build_model, training_arguments
+from hf_vaswani.training.settings import RecipeSettings
+from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
 
-SECTIONS = ("correctness", "training", "generation", "multi30k", "distributed")
+# The sections, in the order a run without --only takes them: the quick figures first, then what compiles.
+SECTIONS = {
+    "correctness": "bf16 attention implementations, decoding on the device = on the CPU, compiled = eager, a bf16 step",
+    "training": "a fixed ~25k-token batch, base and big, hf_vaswani and MarianMT, eager: tokens/s, MFU",
+    "trainer": "the recipe's VaswaniTrainer on token batches of a synthetic corpus, base and big, eager: tokens/s, MFU",
+    "generation": "greedy and beam 4 at two batch sizes: the package loop, transformers' loop, MarianMT: tokens/s",
+    "ctranslate2": "the same decoding by CTranslate2 (float16 and int8_float16 on CUDA) in a child process: tokens/s",
+    "training_compiled": "the training section's measurements under torch.compile, and VaswaniTrainer's torch_compile",
+    "generation_compiled": "the package loop with a compiled decoder step, MarianMT with a compiled static cache",
+    "multi30k_published": "scripts/multi30k.sh --recipe published end to end: wall time, BLEU, epoch 1 and 5 losses",
+    "distributed": "on 2+ GPUs: a DDP and an FSDP2 step of two processes against one process's",
+}
 PAD, EOS = 0, 2  # VaswaniConfig's default special ids (bos 1); content tokens start at 4, after <unk> 3
+PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
+LABEL_SMOOTHING = 0.1  # §5.4, as VaswaniTrainer passes it to the model
+
+OURS, MARIAN = "hf_vaswani", "MarianMT"
+PACKAGE_LOOP = "hf_vaswani package loop"
+TRANSFORMERS_LOOP = "hf_vaswani transformers loop"
+PACKAGE_LOOP_COMPILED = "hf_vaswani package loop, compiled step"
+MARIAN_COMPILED = "MarianMT, static cache + compiled"
+TRAINER = "VaswaniTrainer"
+TRAINING_FIGURE, DECODING_FIGURE, MFU = "source+target tokens/s", "output tokens/s", "MFU %"
+CT2_COMPUTE_TYPES = {"cuda": ("float16", "int8_float16"), "cpu": ("float32", "int8")}
+CUBLAS12 = ("libcublasLt.so.12", "libcublas.so.12")  # in load order: libcublas needs libcublasLt
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; the first name contained in the
 # device's name wins, so the more specific names come first.
@@ -86,13 +123,23 @@ class Sizes:
     check_batch: tuple[int, int, int]  # sentences, source and target length of the correctness checks
     reverse_task: dict[str, Any]  # the trained model of the decoding checks (train_reverse_model)
     compile_checks: tuple[tuple[torch.dtype, int], ...]  # dtype and beams of compiled_decoding_matches, each compiled
-    train_length: int  # source = target length of the throughput batches
-    train_tokens: int  # tokens a side per throughput batch (the paper's ~25k)
+    train_length: int  # source = target length of the fixed training batch
+    train_tokens: int  # tokens a side of the fixed training batch (the paper's ~25k)
+    warmup_steps: int  # untimed steps (or calls) before the timed ones: kernels chosen, memory allocated, compiled
     timed_steps: int
+    compiled_presets: tuple[str, ...]  # the sizes trained compiled
+    trainer_pairs: int  # sentence pairs of the synthetic corpus
+    trainer_lengths: tuple[int, int, int]  # its shortest, median and longest sentence, in tokens
+    trainer_max_tokens: int  # VaswaniTrainer's max_tokens
+    trainer_warmup_steps: int  # twice as many compiled: shapes vary, and the second shape compiles a dynamic graph
+    trainer_timed_steps: int
     generation_batches: tuple[int, ...]
-    generation_lengths: tuple[int, int]  # source length, forced output length
-    repeats: int
-    multi30k_reserve_s: float  # the Multi30k run's time outside training: tokenizer, validation, test decoding
+    source_lengths: tuple[int, int]  # shortest and longest source of the decoding batches
+    new_tokens: int  # output tokens each system is made to produce (min = max)
+    compiled_shapes: tuple[tuple[int, int], ...] | None  # (batch, beams) decoded compiled; None: every shape
+    repeats: int  # timed decoding calls
+    multi30k_minimum_s: float  # the least time left with which the published run starts
+    multi30k_estimate_s: float  # what the sections before it leave it
     time_scale: float  # multiplies each measurement's time estimate, given in seconds at full size on an H100
 
 
@@ -103,11 +150,21 @@ FULL = Sizes(
     compile_checks=((torch.float32, 1), (torch.bfloat16, 4)),
     train_length=32,
     train_tokens=25_000,
-    timed_steps=5,
+    warmup_steps=3,
+    timed_steps=10,
+    compiled_presets=("base", "big"),
+    trainer_pairs=40_000,
+    trainer_lengths=(3, 25, 128),  # about WMT14 En-De's in a 37k BPE vocabulary
+    trainer_max_tokens=25_000,
+    trainer_warmup_steps=5,
+    trainer_timed_steps=20,
     generation_batches=(32, 128),
-    generation_lengths=(32, 64),
+    source_lengths=(16, 48),
+    new_tokens=32,
+    compiled_shapes=None,
     repeats=3,
-    multi30k_reserve_s=90.0,
+    multi30k_minimum_s=120.0,
+    multi30k_estimate_s=570.0,
     time_scale=1.0,
 )
 TINY = Sizes(
@@ -117,11 +174,21 @@ TINY = Sizes(
     compile_checks=((torch.float32, 4),),
     train_length=8,
     train_tokens=256,
+    warmup_steps=1,
     timed_steps=2,
+    compiled_presets=("base",),
+    trainer_pairs=200,
+    trainer_lengths=(2, 6, 16),
+    trainer_max_tokens=256,
+    trainer_warmup_steps=1,
+    trainer_timed_steps=2,
     generation_batches=(2, 4),
-    generation_lengths=(6, 6),
+    source_lengths=(3, 8),
+    new_tokens=6,
+    compiled_shapes=((4, 4),),
     repeats=1,
-    multi30k_reserve_s=30.0,
+    multi30k_minimum_s=120.0,
+    multi30k_estimate_s=570.0,
     time_scale=0.02,
 )
 
@@ -130,15 +197,17 @@ TINY = Sizes(
 
 
 class Report:
-    """The results so far, written whole to JSON and Markdown after every measurement."""
+    """The results so far with their summary, written whole to JSON and Markdown after every measurement."""
 
-    def __init__(self, output_dir: Path, header: dict[str, Any]) -> None:
+    def __init__(self, output_dir: Path, data: dict[str, Any], started: float | None = None) -> None:
         self.output_dir = output_dir
-        self.data = {**header, "sections": {name: {"status": "not reached"} for name in SECTIONS}}
-        self.started = time.monotonic()
+        self.data = data
+        self.started = started  # None: a merged report, whose elapsed time is its parts'
 
     def save(self) -> None:
-        self.data["elapsed_seconds"] = round(time.monotonic() - self.started, 1)
+        if self.started is not None:
+            self.data["elapsed_seconds"] = round(time.monotonic() - self.started, 1)
+        self.data["summary"] = summary(self.data)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         write_text(self.output_dir / "gpu_figures.json", json.dumps(self.data, indent=2) + "\n")
         write_text(self.output_dir / "gpu_figures.md", markdown(self.data))
@@ -182,11 +251,15 @@ class Section:
             except Exception as error:  # one failed measurement must not cost the others
                 traceback.print_exc()
                 outcome = {"error": f"{type(error).__name__}: {first_line(error)}"}
-                if run.device.type == "cuda":
-                    torch.cuda.empty_cache()
+            if run.device.type == "cuda":
+                gc.collect()  # a Trainer's reference cycles would hold its model and optimizer on the device
+                torch.cuda.empty_cache()
             outcome.setdefault("seconds", round(time.monotonic() - started, 2))
+        self.record(item, outcome)
+
+    def record(self, item: str, outcome: dict[str, Any]) -> None:
         self.results[item] = outcome
-        run.report.save()
+        self.run.report.save()
 
 
 def first_line(error: BaseException) -> str:
@@ -202,7 +275,7 @@ def run_section(run: Run, name: str, body: Callable[[Section], None]) -> None:
         run.report.save()
         return
     section = Section(run, {})
-    entry.update(status="running", results=section.results)
+    entry.update(status="running", device=run.report.data["device"]["name"], results=section.results)
     started = time.monotonic()
     try:
         body(section)
@@ -230,7 +303,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
         import ctranslate2
 
         ctranslate2_version = ctranslate2.__version__
-    except ImportError:
+    except Exception:  # not installed, or its libraries do not load here
         ctranslate2_version = None
     cuda = device.type == "cuda"
     return {
@@ -250,12 +323,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(device: torch.device, work: Callable[[], object]) -> float:
+def time_calls(device: torch.device, work: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Seconds a call of `work`: `warmup` calls, then `repeats` calls between two synchronisations of the device, so
+    that the host queues each call's work while the device runs the last one's, as in a training or decoding loop."""
+    for _ in range(warmup):
+        work()
     synchronize(device)
     started = time.perf_counter()
-    work()
+    for _ in range(repeats):
+        work()
     synchronize(device)
-    return time.perf_counter() - started
+    return (time.perf_counter() - started) / repeats
 
 
 def model_config(run: Run, preset: Callable[..., VaswaniConfig] = VaswaniConfig.base, **changes: Any) -> VaswaniConfig:
@@ -271,6 +349,15 @@ def random_tokens(generator: torch.Generator, vocab_size: int, rows: int, length
 
 def relative_difference(value: torch.Tensor, reference: torch.Tensor, scale: torch.Tensor) -> float:
     return ((value.float() - reference.float()).norm() / scale.float().norm()).item()
+
+
+def peak_memory_gib(device: torch.device) -> float | str:
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else "n/a"
+
+
+def mfu(run: Run, tflops: float) -> float | str:
+    peak = peak_bf16_tflops(run.device)
+    return round(100 * tflops / peak, 1) if peak and run.bf16 else "n/a"
 
 
 # --- Correctness on the device -------------------------------------------------------------------------------------
@@ -469,10 +556,6 @@ def trainer_bf16_step(run: Run) -> dict[str, Any]:
     """One step of the recipe's trainer in bf16 mixed precision and in fp32, from the same weights and batch."""
     if not run.bf16:
         return {"skipped": "bf16 does not run on this CPU"}
-    from datasets import Dataset
-
-    from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
-
     config = model_config(run, dropout=0.0)
     sentences, source_length, target_length = run.sizes.check_batch
     generator = torch.Generator().manual_seed(0)
@@ -535,26 +618,39 @@ def training_flops_per_step(config: VaswaniConfig, sentences: int, source_length
     return 3.0 * sentences * forward
 
 
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """inductor on CUDA; on a CPU aot_eager, which checks the graphs (forward and backward) but builds no code, since
+    inductor's C++ compilation would take most of a tiny run."""
+    return {} if device.type == "cuda" else {"backend": "aot_eager"}
+
+
 def training(section: Section) -> None:
-    run = section.run
-    for name, preset in (("base", VaswaniConfig.base), ("big", VaswaniConfig.big)):
-        config = model_config(run, preset)
-        torch.manual_seed(0)
-        ours = VaswaniForConditionalGeneration(config)
-        marian = to_marian(ours)  # the same weights in transformers' implementation
-        for system, model, options in (("hf_vaswani", ours, {"return_logits": False}), ("MarianMT", marian, {})):
-            measurement = partial(training_throughput, run, model, config, options)
-            section.measure(f"{name}, {system}", 60 if name == "big" else 30, measurement)
-            model.to("cpu")
-            if run.device.type == "cuda":
-                torch.cuda.empty_cache()
+    for preset in PRESETS:
+        for system in (OURS, MARIAN):
+            measurement = partial(training_throughput, section.run, preset, system, False)
+            section.measure(f"{preset}, {system}, eager", 40 if preset == "big" else 20, measurement)
 
 
-def training_throughput(
-    run: Run, model: torch.nn.Module, config: VaswaniConfig, options: dict[str, Any]
-) -> dict[str, Any]:
-    """Steps of bf16 mixed precision training (autocast, fp32 weights, fused AdamW) on ~25k-token batches a side, of
-    `model` with `config`'s sizes; `options` go to its forward."""
+def trainer(section: Section) -> None:
+    for preset in PRESETS:
+        measurement = partial(trainer_throughput, section.run, preset, False)
+        section.measure(f"{preset}, {TRAINER}, eager", 60 if preset == "big" else 45, measurement)
+
+
+def training_model(run: Run, config: VaswaniConfig, system: str) -> torch.nn.Module:
+    """The seeded model of `config`, or MarianMTModel with the same weights (to_marian), on the CPU; sdpa attention."""
+    torch.manual_seed(0)
+    ours = VaswaniForConditionalGeneration(config)
+    model = ours if system == OURS else to_marian(ours)
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def training_throughput(run: Run, preset: str, system: str, compiled: bool) -> dict[str, Any]:
+    """Steps of bf16 mixed precision training (autocast, fp32 weights, fused AdamW) on a fixed batch of ~25k tokens a
+    side; hf_vaswani called as VaswaniTrainer.compute_loss calls it, MarianMTModel with its own loss."""
+    config = model_config(run, PRESETS[preset])
+    model = training_model(run, config, system).to(run.device).train()
     length = run.sizes.train_length
     sentences = run.sizes.train_tokens // length
     generator = torch.Generator().manual_seed(0)
@@ -562,7 +658,12 @@ def training_throughput(
         "input_ids": random_tokens(generator, config.vocab_size, sentences, length).to(run.device),
         "labels": random_tokens(generator, config.vocab_size, sentences, length).to(run.device),
     }
-    model.to(run.device).train()
+    options: dict[str, Any] = {}
+    if system == OURS:
+        tokens = (batch["labels"] != -100).sum()  # Trainer's num_items_in_batch: a device tensor
+        options = dict(return_logits=False, smoothing=LABEL_SMOOTHING, num_items_in_batch=tokens)
+    torch._dynamo.reset()
+    forward = torch.compile(model, **compile_options(run.device)) if compiled else model
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=True
     )
@@ -570,113 +671,344 @@ def training_throughput(
 
     def step() -> None:
         with torch.autocast(run.device.type, dtype=dtype, enabled=run.bf16):
-            loss = model(**batch, **options).loss
+            loss = forward(**batch, **options).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
-    for _ in range(2):  # warm-up: kernels chosen, optimizer state allocated
-        step()
-    seconds = statistics.median(timed(run.device, step) for _ in range(run.sizes.timed_steps))
-    tokens = 2 * sentences * length
-    flops = training_flops_per_step(config, sentences, length, length)
-    achieved = flops / seconds / 1e12
-    peak = peak_bf16_tflops(run.device)
+    try:
+        seconds = time_calls(run.device, step, run.sizes.warmup_steps, run.sizes.timed_steps)
+    finally:
+        torch._dynamo.reset()  # compiled graphs hold the model
+    achieved = training_flops_per_step(config, sentences, length, length) / seconds / 1e12
+    outcome = {
+        "precision": "bf16" if run.bf16 else "fp32",
+        "attention": model.config._attn_implementation,
+        "sentences x length": f"{sentences} x {length}",
+        "steps timed": run.sizes.timed_steps,
+        "seconds a step": round(seconds, 4),
+        TRAINING_FIGURE: round(2 * sentences * length / seconds),
+        "model TFLOP/s": float(f"{achieved:.4g}"),
+        MFU: mfu(run, achieved),
+        "peak memory GiB": peak_memory_gib(run.device),
+    }
+    if compiled:
+        outcome["backend"] = compile_options(run.device).get("backend", "inductor")
+    return outcome
+
+
+def training_compiled(section: Section) -> None:
+    run = section.run
+    for preset in run.sizes.compiled_presets:
+        for system in (OURS, MARIAN):
+            measurement = partial(training_throughput, run, preset, system, True)
+            section.measure(f"{preset}, {system}, compiled", 150 if preset == "big" else 120, measurement)
+    if run.device.type != "cuda":  # Trainer compiles with inductor, whose C++ build would take minutes here
+        section.record(f"base, {TRAINER}, torch_compile", {"skipped": "Trainer's torch_compile is timed on CUDA"})
+        return
+    section.measure(f"base, {TRAINER}, torch_compile", 240, partial(trainer_throughput, run, "base", True))
+
+
+# --- The recipe's Trainer ------------------------------------------------------------------------------------------
+
+
+class TokenCountingTrainer(VaswaniTrainer):
+    """VaswaniTrainer noting each training batch: its real source and target tokens as a device tensor (read once,
+    after the timed steps, so that no step waits for it) and its padded shape."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[tuple[torch.Tensor, tuple[int, int, int]]] = []
+
+    def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
+        real = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
+        sentences, source_length = inputs["input_ids"].shape
+        self.batches.append((real, (sentences, source_length, inputs["labels"].shape[1])))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class StepClock(TrainerCallback):
+    """The time at the end of step `first` and of step `last`, each read once the device has finished (the only waits
+    it adds); no checkpoint saved at the end."""
+
+    def __init__(self, device: torch.device, first: int, last: int) -> None:
+        self.device, self.first, self.last = device, first, last
+        self.times: dict[int, float] = {}
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step in (self.first, self.last):
+            synchronize(self.device)
+            self.times[state.global_step] = time.perf_counter()
+        if state.global_step >= self.last:
+            control.should_save = False
+
+
+def synthetic_pairs(sizes: Sizes, vocab_size: int) -> Dataset:
+    """Tokenized sentence pairs of random tokens, their lengths log-normal around the median (a target 0.8 to 1.25
+    times its source), each sentence ending in </s>: what tokenize_corpus makes of a corpus."""
+    rng = np.random.default_rng(0)
+    shortest, median, longest = sizes.trainer_lengths
+    count = sizes.trainer_pairs
+    source = np.clip(np.rint(rng.lognormal(np.log(median), 0.5, count)), shortest, longest).astype(int)
+    target = np.clip(np.rint(source * rng.uniform(0.8, 1.25, count)), shortest, longest).astype(int)
+
+    def sentences(lengths: np.ndarray) -> list[list[int]]:
+        tokens = rng.integers(4, vocab_size, int(lengths.sum()))
+        return [np.append(row[:-1], EOS).tolist() for row in np.split(tokens, np.cumsum(lengths)[:-1])]
+
+    input_ids = sentences(source)
+    return Dataset.from_dict(
+        {"input_ids": input_ids, "attention_mask": [[1] * len(ids) for ids in input_ids], "labels": sentences(target)}
+    )
+
+
+def trainer_throughput(run: Run, preset: str, compiled: bool) -> dict[str, Any]:
+    """`trainer.train()` of the recipe's pieces (build_model, training_arguments, DataCollatorForSeq2Seq, token
+    batches of max_tokens) on a synthetic corpus: its steps after the warm-up, timed between two synchronisations."""
+    sizes = run.sizes
+    vocab_size = model_config(run).vocab_size
+    warmup = sizes.trainer_warmup_steps * (2 if compiled else 1)
+    steps = warmup + sizes.trainer_timed_steps
+    settings = RecipeSettings(
+        preset=preset,
+        model_overrides={name: value for name, value in sizes.model.items() if name != "vocab_size"},
+        vocab_size=vocab_size,
+        max_tokens=sizes.trainer_max_tokens,
+        max_steps=steps,
+        save_steps=steps,
+        logging_steps=steps,
+        average_last=1,
+        torch_compile=compiled,
+    )
+    tokenizer = word_tokenizer(vocab_size)
+    transformers.set_seed(settings.seed)
+    model = build_model(settings, tokenizer)
+    clock = StepClock(run.device, warmup, steps)
+    with tempfile.TemporaryDirectory() as folder:
+        arguments = training_arguments(settings, Path(folder), "bf16" if run.bf16 else "fp32")
+        trainer = TokenCountingTrainer(
+            model=model,
+            args=arguments,
+            train_dataset=synthetic_pairs(sizes, vocab_size),
+            data_collator=DataCollatorForSeq2Seq(
+                tokenizer, model=model, pad_to_multiple_of=8 if run.device.type == "cuda" else None
+            ),
+            processing_class=tokenizer,
+            max_tokens=settings.max_tokens,
+            callbacks=[clock],
+        )
+        if run.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(run.device)
+        try:
+            trainer.train()
+        finally:
+            torch._dynamo.reset()
+    if len(clock.times) != 2 or len(trainer.batches) != steps:
+        raise RuntimeError(f"{len(trainer.batches)} of {steps} steps ran (an epoch shorter than the steps?)")
+    seconds = (clock.times[steps] - clock.times[warmup]) / sizes.trainer_timed_steps
+    timed = trainer.batches[warmup:]
+    real = int(torch.stack([tokens for tokens, _ in timed]).sum())
+    padded = sum(sentences * (source + target) for _, (sentences, source, target) in timed)
+    flops = sum(training_flops_per_step(model.config, *shape) for _, shape in timed)
+    achieved = flops / (seconds * len(timed)) / 1e12
     return {
         "precision": "bf16" if run.bf16 else "fp32",
-        "sentences x length": f"{sentences} x {length}",
+        "max_tokens": settings.max_tokens,
+        "steps timed": len(timed),
+        "sentences a batch": round(sum(shape[0] for _, shape in timed) / len(timed), 1),
         "seconds a step": round(seconds, 4),
-        "source+target tokens/s": round(tokens / seconds),
-        "model TFLOP/s": float(f"{achieved:.4g}"),
-        "MFU %": round(100 * achieved / peak, 1) if peak and run.bf16 else "n/a",
-        "peak memory GiB": round(torch.cuda.max_memory_allocated(run.device) / 2**30, 2)
-        if run.device.type == "cuda"
-        else "n/a",
+        TRAINING_FIGURE: round(real / (seconds * len(timed))),
+        "padded source+target tokens/s": round(padded / (seconds * len(timed))),
+        "padding %": round(100 * (1 - real / padded), 1),
+        "model TFLOP/s (padded)": float(f"{achieved:.4g}"),
+        MFU: mfu(run, achieved),
+        "peak memory GiB": peak_memory_gib(run.device),
+        "data loader workers": arguments.dataloader_num_workers,
     }
 
 
-# --- Generation speed ----------------------------------------------------------------------------------------------
+# --- Decoding speed ------------------------------------------------------------------------------------------------
 
 # ours scores beams as transformers and CTranslate2 do (the paper's GNMT penalty is its default) and has no source cap
 OUR_DECODING = dict(length_penalty_type="power", max_new_tokens_over_source=None)
 
 
-def generation(section: Section) -> None:
-    """Output tokens/s of greedy and beam-4 decoding at forced output lengths, random weights at base size: each
-    system's eager decoding and CTranslate2 first (quick), then the compiled static-cache ones (compiled per shape)."""
-    run = section.run
-    config = model_config(run)
+def decoding_shapes(sizes: Sizes) -> list[tuple[int, int]]:
+    return [(batch, beams) for batch in sizes.generation_batches for beams in (1, 4)]
+
+
+def shape_name(batch: int, beams: int) -> str:
+    return f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
+
+
+def decoding_models(run: Run) -> tuple[VaswaniForConditionalGeneration, torch.nn.Module]:
+    """The seeded base model and MarianMTModel with its weights, bf16 on the device (fp32 where bf16 does not run)."""
     torch.manual_seed(0)
-    ours = VaswaniForConditionalGeneration(config).eval()
+    ours = VaswaniForConditionalGeneration(model_config(run)).eval()
     marian = to_marian(ours).eval()
-    sentences, source_length = max(run.sizes.generation_batches), run.sizes.generation_lengths[0]
-    sources = random_tokens(torch.Generator().manual_seed(0), config.vocab_size, sentences, source_length)
-    with tempfile.TemporaryDirectory() as folder:
-        translator: dict[str, Any] = {}
-
-        def export() -> dict[str, Any]:
-            translator["model"], outcome = ctranslate2_translator(run, ours, Path(folder))
-            return outcome
-
-        section.measure("CTranslate2 float16: export and load", 20, export)  # from the CPU's fp32 weights
-        dtype = torch.bfloat16 if run.bf16 else torch.float32
-        for model in (ours, marian):
-            model.to(run.device, dtype)
-        shapes = [(batch, beams) for batch in run.sizes.generation_batches for beams in (1, 4)]
-        for batch, beams in shapes:
-            name = f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
-            for system, model, options in (("hf_vaswani", ours, OUR_DECODING), ("MarianMT", marian, {})):
-                speed = partial(generation_speed, run, model, sources[:batch], beams, options, compiled=False)
-                section.measure(f"{name}, {system} eager", 20, speed)
-            tokens = [ids_to_tokens(row) for row in sources[:batch].tolist()]
-            speed = partial(ctranslate2_speed, run, translator.get("model"), tokens, beams)
-            section.measure(f"{name}, CTranslate2 float16", 10, speed)
-        for batch, beams in shapes:
-            name = f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
-            for system, model, options in (("hf_vaswani", ours, OUR_DECODING), ("MarianMT", marian, {})):
-                speed = partial(generation_speed, run, model, sources[:batch], beams, options, compiled=True)
-                section.measure(f"{name}, {system} static cache + compiled", 90, speed)
+    marian.set_attn_implementation("sdpa")
+    dtype = torch.bfloat16 if run.bf16 else torch.float32
+    return ours.to(run.device, dtype), marian.to(run.device, dtype)
 
 
-def generation_speed(
-    run: Run,
-    model: torch.nn.Module,
-    sources: torch.Tensor,
-    beams: int,
-    options: dict[str, Any],
-    compiled: bool,
-) -> dict[str, Any]:
-    if compiled and run.device.type != "cuda":
-        return {"skipped": "compiled decoding is timed on CUDA: on a CPU it is checked with aot_eager, no speed-up"}
-    new_tokens = run.sizes.generation_lengths[1]
-    inputs = dict(
-        input_ids=sources.to(run.device),
-        attention_mask=torch.ones_like(sources, device=run.device),
+def decoding_sources(run: Run, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources of random lengths ending in </s>, padded: ids and mask of the largest batch (the smaller batches are
+    its first rows)."""
+    generator = torch.Generator().manual_seed(0)
+    rows, (shortest, longest) = max(run.sizes.generation_batches), run.sizes.source_lengths
+    lengths = torch.randint(shortest, longest + 1, (rows,), generator=generator)
+    ids = random_tokens(generator, vocab_size, rows, longest)
+    mask = torch.arange(longest) < lengths[:, None]
+    ids[~mask] = PAD
+    ids[torch.arange(rows), lengths - 1] = EOS
+    return ids, mask.long()
+
+
+def decoding_inputs(run: Run, ids: torch.Tensor, mask: torch.Tensor, beams: int) -> dict[str, Any]:
+    new_tokens = run.sizes.new_tokens
+    return dict(
+        input_ids=ids.to(run.device),
+        attention_mask=mask.to(run.device),
         num_beams=beams,
         do_sample=False,
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,  # every system decodes the same number of steps
-        **options,
-        **(STATIC_COMPILED if compiled else {}),
     )
-    outputs = []
 
-    def generate() -> None:
-        outputs.append(model.generate(**inputs))
 
-    with compiled_forward(model, run.device) if compiled else nullcontext():
-        for _ in range(2 if compiled else 1):  # warm-up: compilation, then CUDA graph recording
-            generate()
-        seconds = statistics.median(timed(run.device, generate) for _ in range(run.sizes.repeats))
+def decoding_speed(
+    run: Run, decode: Callable[[], torch.Tensor], rows: int, warmup: int = 1
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Output tokens/s of `decode` (a batch of `rows` sentences), timed over calls between two synchronisations, and
+    its last output."""
+    outputs: list[torch.Tensor] = []
+
+    def call() -> None:
+        outputs[:] = [decode()]
+
+    seconds = time_calls(run.device, call, warmup, run.sizes.repeats)
     produced = outputs[-1].shape[1] - 1  # after the start token
-    return {
-        "output tokens/s": round(len(sources) * produced / seconds, 1),
+    figures = {
+        DECODING_FIGURE: round(rows * produced / seconds, 1),
         "seconds a batch": round(seconds, 4),
         "output length": produced,
     }
+    return figures, outputs[-1]
 
+
+def package_loop(model: VaswaniForConditionalGeneration, inputs: dict[str, Any]) -> torch.Tensor:
+    """hf_vaswani.generate, refusing a call its loop would hand to transformers' (which would time the wrong loop)."""
+    request = covered_request(model, None, None, {**inputs, **OUR_DECODING})
+    if isinstance(request, str):
+        raise RuntimeError(f"the package loop does not cover this call: {request}")
+    return package_generate(model, **inputs, **OUR_DECODING)
+
+
+def transformers_loop(model: torch.nn.Module, inputs: dict[str, Any], **options: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**inputs, **options)
+
+
+def generation(section: Section) -> None:
+    """Greedy and beam 4, random weights at base size, the output length forced: the package's loop, transformers'
+    loop for the same model, and MarianMTModel's generate."""
+    run = section.run
+    ours, marian = decoding_models(run)
+    ids, mask = decoding_sources(run, ours.config.vocab_size)
+    for batch, beams in decoding_shapes(run.sizes):
+        inputs = decoding_inputs(run, ids[:batch], mask[:batch], beams)
+        systems = (
+            (PACKAGE_LOOP, partial(package_loop, ours, inputs), 10),
+            (TRANSFORMERS_LOOP, partial(transformers_loop, ours, inputs, **OUR_DECODING), 20),
+            (MARIAN, partial(transformers_loop, marian, inputs), 20),
+        )
+        for system, decode, estimate in systems:
+            measurement = partial(decoding_figures, run, decode, batch)
+            section.measure(f"{shape_name(batch, beams)}, {system}", estimate, measurement)
+
+
+def decoding_figures(run: Run, decode: Callable[[], torch.Tensor], rows: int) -> dict[str, Any]:
+    return decoding_speed(run, decode, rows)[0]
+
+
+@contextmanager
+def compiled_decoder_step(model: VaswaniForConditionalGeneration, device: torch.device) -> Iterator[str]:
+    """The decoder's forward under torch.compile, for the package loop (which calls the decoder a token at a time);
+    yields the backend. Each call's first step stays eager: it fills the cross-attention cache and creates the static
+    cache's tensors (marked as static addresses only outside a compiled region, which CUDA graphs need). On CUDA
+    inductor with CUDA graphs (reduce-overhead); on a CPU dynamo alone ("eager"), where the cache grows a step at a
+    time."""
+    decoder = model.model.decoder
+    original = decoder.forward
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        backend, compiled = "inductor", torch.compile(original, mode="reduce-overhead", dynamic=False)
+    else:
+        backend, compiled = "eager", torch.compile(original, backend="eager")
+
+    def forward(*args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        if cache is None or not cache.self_attention_cache.is_initialized:
+            return original(*args, cache=cache, **kwargs)
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are read already
+        return compiled(*args, cache=cache, **kwargs)
+
+    decoder.forward = forward
+    try:
+        yield backend
+    finally:
+        del decoder.forward
+        torch._dynamo.reset()
+
+
+def compiled_package_loop_speed(
+    run: Run, model: VaswaniForConditionalGeneration, inputs: dict[str, Any]
+) -> dict[str, Any]:
+    eager = package_loop(model, inputs)
+    with compiled_decoder_step(model, run.device) as backend:
+        figures, output = decoding_speed(run, partial(package_loop, model, inputs), len(eager), warmup=2)
+    figures["backend"] = backend if run.device.type == "cuda" else f"{backend} (a check of the code: no speed-up)"
+    figures["equal to the eager loop"] = output.shape == eager.shape and torch.equal(output, eager)
+    return figures
+
+
+def compiled_transformers_speed(run: Run, model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    with compiled_forward(model, run.device):
+        decode = partial(transformers_loop, model, inputs, **STATIC_COMPILED)
+        figures, _ = decoding_speed(run, decode, len(inputs["input_ids"]), warmup=2)
+    figures["backend"] = "inductor" if run.device.type == "cuda" else "aot_eager (a check of the code: no speed-up)"
+    return figures
+
+
+def generation_compiled(section: Section) -> None:
+    """The package loop with its decoder step compiled, then MarianMTModel's generate with a static cache and its
+    forward compiled (transformers' usual compiled decoding): each shape compiled afresh."""
+    run = section.run
+    ours, marian = decoding_models(run)
+    ids, mask = decoding_sources(run, ours.config.vocab_size)
+    shapes = run.sizes.compiled_shapes or decoding_shapes(run.sizes)
+    for system, model, measurement, estimate in (
+        (PACKAGE_LOOP_COMPILED, ours, compiled_package_loop_speed, 60),
+        (MARIAN_COMPILED, marian, compiled_transformers_speed, 90),
+    ):
+        for batch, beams in shapes:
+            inputs = decoding_inputs(run, ids[:batch], mask[:batch], beams)
+            attempt = partial(skipped_if_it_fails, partial(measurement, run, model, inputs))
+            section.measure(f"{shape_name(batch, beams)}, {system}", estimate, attempt)
+
+
+def skipped_if_it_fails(measurement: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`measurement()`, or skipped with its error's first line: compiled decoding is tried, not assumed to work."""
+    try:
+        return measurement()
+    except Exception as error:
+        traceback.print_exc()
+        return {"skipped": f"compiled decoding failed: {type(error).__name__}: {first_line(error)}"}
+
+
+# --- CTranslate2 ---------------------------------------------------------------------------------------------------
 
 WORDS = ("<pad>", "<s>", "</s>", "<unk>")  # our special ids 0-3; one made-up word for each other id
 
@@ -686,67 +1018,243 @@ def ids_to_tokens(ids: list[int]) -> list[str]:
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """A tokenizer whose vocabulary is exactly the model's, which the CTranslate2 export needs."""
+    """A tokenizer whose vocabulary is exactly the model's, which the CTranslate2 export and the recipe's model need."""
     words = ids_to_tokens(list(range(vocab_size)))
     backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
-def ctranslate2_translator(run: Run, model: VaswaniForConditionalGeneration, folder: Path) -> tuple[Any, dict]:
-    """`model` exported with hf_vaswani's CTranslate2 export in float16, and a translator of it on CUDA, or None where
-    it cannot run here (the reason is in the outcome)."""
+def ctranslate2_section(section: Section, wheel: Path | None) -> None:
+    """The generation section's model and sources decoded by CTranslate2 in a child process, which on CUDA first loads
+    cuBLAS 12 (CTranslate2's wheel links libcublas.so.12; a CUDA 13 machine has libcublas.so.13)."""
+    run = section.run
     try:
-        import ctranslate2
+        import ctranslate2  # noqa: F401
     except ImportError:
-        return None, {"skipped": "ctranslate2 is not installed"}
-    write_ctranslate2(model, word_tokenizer(model.config.vocab_size), folder / "ct2", "float16")
-    if run.device.type != "cuda":
-        return None, {"exported": True, "skipped": "float16 decoding runs on CUDA; the device is the CPU"}
-    # Tried in a child process first: a CTranslate2 build for another CUDA version can fail to load its libraries, or
-    # crash, and would take this process with it.
-    probe = (
-        "import sys, ctranslate2; translator = ctranslate2.Translator(sys.argv[1], device='cuda', "
-        "compute_type='float16'); translator.translate_batch([['w4', '</s>']], max_decoding_length=2)"
-    )
-    command = [sys.executable, "-c", probe, str(folder / "ct2")]
-    tried = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    if tried.returncode != 0:
-        lines = tried.stderr.strip().splitlines() or [f"exit status {tried.returncode}"]
-        return None, {"exported": True, "skipped": f"CTranslate2 does not decode on CUDA here: {lines[-1]}"}
-    translator = ctranslate2.Translator(str(folder / "ct2"), device="cuda", compute_type="float16")
-    return translator, {"exported": True, "loaded": True}
-
-
-def ctranslate2_speed(run: Run, translator: Any, tokens: list[list[str]], beams: int) -> dict[str, Any]:
-    if translator is None:
-        return {"skipped": "no CTranslate2 translator (see its export item)"}
-    new_tokens = run.sizes.generation_lengths[1]
-    options = dict(
-        beam_size=beams, min_decoding_length=new_tokens, max_decoding_length=new_tokens, max_batch_size=len(tokens)
-    )
-    results = []
-
-    def translate() -> None:
-        results.append(translator.translate_batch(tokens, **options))
-
-    translate()  # warm-up
-    seconds = statistics.median(timed(run.device, translate) for _ in range(run.sizes.repeats))
-    produced = len(results[-1][0].hypotheses[0])
-    return {
-        "output tokens/s": round(len(tokens) * produced / seconds, 1),
-        "seconds a batch": round(seconds, 4),
-        "output length": produced,
+        raise Skipped("ctranslate2 is not installed") from None
+    except Exception as error:  # its libraries do not load in this process
+        raise Skipped(f"ctranslate2 does not import: {type(error).__name__}: {first_line(error)}") from None
+    compute_types = CT2_COMPUTE_TYPES[run.device.type]
+    items = {
+        (compute_type, batch, beams): f"{shape_name(batch, beams)}, CTranslate2 {compute_type}"
+        for compute_type in compute_types
+        for batch, beams in decoding_shapes(run.sizes)
     }
+    measured: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        model_dir = Path(folder) / "ct2"
+        section.measure("export: write_ctranslate2, float16", 30, partial(ctranslate2_export, run, model_dir))
+        libraries: list[str] = []
+        why_not = "" if model_dir.is_dir() else "no exported model (see the export item)"
+        if not why_not and run.device.type == "cuda":
+            section.measure("cuBLAS 12", 60, partial(cublas12_measurement, wheel, libraries))
+            why_not = "" if libraries else "no cuBLAS 12 to load (see the cuBLAS 12 item)"
+        if not why_not:
+            child = partial(ctranslate2_child_run, run, model_dir, compute_types, libraries, measured)
+            section.measure("child process", 90, child)
+            why_not = "not measured by the child process (see its item)"
+    for (compute_type, batch, beams), item in items.items():
+        section.record(item, measured.get(f"{compute_type} {batch} {beams}", {"skipped": why_not}))
 
 
-# --- A short real run ----------------------------------------------------------------------------------------------
+def ctranslate2_export(run: Run, model_dir: Path) -> dict[str, Any]:
+    """The generation section's model (same seed, fp32 on the CPU) by hf_vaswani's CTranslate2 export, in float16;
+    CTranslate2 converts it to each compute type as it loads it."""
+    config = model_config(run)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(config).eval()
+    write_ctranslate2(model, word_tokenizer(config.vocab_size), model_dir, "float16")
+    return {"quantization": "float16", "vocabulary": config.vocab_size}
+
+
+def cublas12_folders() -> list[Path]:
+    """Folders that hold cuBLAS 12 already: the nvidia-cublas-cu12 wheel's in this Python's paths, a CUDA 12 toolkit's,
+    or where the loader's cache has it."""
+    candidates = [Path(entry) / "nvidia" / name / "lib" for entry in sys.path if entry for name in ("cublas", "cu12")]
+    candidates += sorted(Path("/usr/local").glob("cuda-12*/lib64")) + sorted(
+        Path("/usr/local").glob("cuda-12*/targets/*/lib")
+    )
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        cache = ""
+    candidates += [Path(line.split("=>")[-1].strip()).parent for line in cache.splitlines() if CUBLAS12[1] in line]
+    return [folder for folder in dict.fromkeys(candidates) if all((folder / name).is_file() for name in CUBLAS12)]
+
+
+def cublas12_libraries(wheel: Path | None, cache: Path, pip: bool = True) -> tuple[list[str], str]:
+    """The paths of libcublasLt.so.12 and libcublas.so.12, in load order, and where they came from: found installed,
+    else extracted from `wheel` (an nvidia-cublas-cu12 wheel file) into `cache`, else installed into `cache` by pip
+    (where `pip`); LookupError with each way's failure otherwise."""
+    failures = []
+    earlier = [cache / way / "nvidia" / "cublas" / "lib" for way in ("wheel", "pip")]  # an earlier run's
+    for folder in cublas12_folders() + earlier:
+        if all((folder / name).is_file() for name in CUBLAS12):
+            return [str(folder / name) for name in CUBLAS12], f"found in {folder}"
+    if wheel is None:
+        failures.append("none installed")
+    elif not wheel.is_file():
+        failures.append(f"--cublas12-wheel {wheel}: no such file")
+    elif not zipfile.is_zipfile(wheel):
+        failures.append(f"--cublas12-wheel {wheel} is not a wheel file")
+    else:
+        folder = cache / "wheel" / "nvidia" / "cublas" / "lib"
+        with zipfile.ZipFile(wheel) as archive:
+            members = [f"nvidia/cublas/lib/{name}" for name in CUBLAS12]
+            absent = [member for member in members if member not in archive.namelist()]
+            if absent:
+                failures.append(f"--cublas12-wheel {wheel.name} lacks {', '.join(absent)}")
+            else:
+                for member in members:
+                    archive.extract(member, cache / "wheel")
+                return [str(folder / name) for name in CUBLAS12], f"extracted from {wheel}"
+    if pip:
+        target = cache / "pip"
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
+        command += ["--retries", "0", "--timeout", "15", "--target", str(target), "nvidia-cublas-cu12"]
+        try:
+            installed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            lines = installed.stderr.strip().splitlines()
+            folder = target / "nvidia" / "cublas" / "lib"
+            if installed.returncode == 0 and all((folder / name).is_file() for name in CUBLAS12):
+                return [str(folder / name) for name in CUBLAS12], "installed by pip install nvidia-cublas-cu12"
+            failures.append(f"pip install nvidia-cublas-cu12: {lines[-1] if lines else installed.returncode}")
+        except subprocess.TimeoutExpired:
+            failures.append("pip install nvidia-cublas-cu12: no answer in 300 s")
+    raise LookupError("; ".join(failures))
+
+
+def cublas12_measurement(wheel: Path | None, libraries: list[str]) -> dict[str, Any]:
+    try:
+        paths, source = cublas12_libraries(wheel, Path(tempfile.gettempdir()) / "gpu_figures_cublas12")
+    except LookupError as failures:
+        return {"skipped": f"no libcublas.so.12: {failures}"}
+    libraries[:] = paths
+    return {"source": source}
+
+
+def ctranslate2_child(job_file: str) -> None:
+    """CTranslate2's decoding speeds, in a process of its own (run from this function's source): the job's libraries
+    loaded first, globally, so that CTranslate2's libcublas.so.12 resolves to them; the results written after each
+    measurement, so that a crash keeps the ones before it."""
+    import ctypes
+    import json
+    import os
+    import time
+
+    with open(job_file) as handle:
+        job = json.load(handle)
+    for library in job["libraries"]:
+        ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    import ctranslate2
+
+    deadline = time.monotonic() + job["seconds"]
+    results: dict = {"ctranslate2": ctranslate2.__version__, "loaded": {}, "items": {}}
+
+    def save() -> None:
+        with open(job["results"] + ".partial", "w") as handle:
+            json.dump(results, handle)
+        os.replace(job["results"] + ".partial", job["results"])
+
+    save()
+    for compute_type in job["compute_types"]:
+        try:
+            translator = ctranslate2.Translator(
+                job["model"], device=job["device"], compute_type=compute_type, intra_threads=job["threads"]
+            )
+        except Exception as error:
+            results["loaded"][compute_type] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+            save()
+            continue
+        results["loaded"][compute_type] = "yes"
+        for batch, beams in job["shapes"]:
+            key = f"{compute_type} {batch} {beams}"
+            if time.monotonic() > deadline:
+                results["items"][key] = {"skipped": "time limit"}
+                continue
+            sources = job["sources"][:batch]
+            options = dict(
+                beam_size=beams,
+                min_decoding_length=job["new_tokens"],
+                max_decoding_length=job["new_tokens"],
+                max_batch_size=batch,
+            )
+            try:
+                for _ in range(job["warmup"]):
+                    translator.translate_batch(sources, **options)
+                started = time.perf_counter()
+                for _ in range(job["repeats"]):  # each call returns once decoded: the host waits for the device
+                    output = translator.translate_batch(sources, **options)
+                seconds = (time.perf_counter() - started) / job["repeats"]
+            except Exception as error:
+                results["items"][key] = {
+                    "error": f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+                }
+                save()
+                continue
+            produced = len(output[0].hypotheses[0])
+            results["items"][key] = {
+                "output tokens/s": round(batch * produced / seconds, 1),
+                "seconds a batch": round(seconds, 4),
+                "output length": produced,
+            }
+            save()
+        del translator
+
+
+def ctranslate2_child_run(
+    run: Run,
+    model_dir: Path,
+    compute_types: tuple[str, ...],
+    libraries: list[str],
+    measured: dict[str, Any],
+) -> dict[str, Any]:
+    """Run ctranslate2_child on the generation section's sources (padding left out) and collect what it measured."""
+    ids, mask = decoding_sources(run, model_config(run).vocab_size)
+    sources = [ids_to_tokens(row[:length]) for row, length in zip(ids.tolist(), mask.sum(1).tolist(), strict=True)]
+    program = textwrap.dedent(inspect.getsource(ctranslate2_child)) + "\nimport sys\nctranslate2_child(sys.argv[1])\n"
+    with tempfile.TemporaryDirectory() as folder:
+        job = {
+            "model": str(model_dir),
+            "device": run.device.type,
+            "compute_types": list(compute_types),
+            "libraries": libraries,
+            "shapes": decoding_shapes(run.sizes),
+            "sources": sources,
+            "new_tokens": run.sizes.new_tokens,
+            "warmup": 1,
+            "repeats": run.sizes.repeats,
+            "threads": int(os.environ.get("OMP_NUM_THREADS") or 0),
+            "seconds": max(1.0, run.seconds_left() - 10),
+            "results": str(Path(folder) / "results.json"),
+        }
+        write_text(Path(folder) / "job.json", json.dumps(job))
+        command = [sys.executable, "-c", program, str(Path(folder) / "job.json")]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, timeout=max(1.0, run.seconds_left()))
+            status, lines = child.returncode, child.stderr.strip().splitlines()
+        except subprocess.TimeoutExpired:
+            status, lines = "stopped at the time limit", []
+        results_file = Path(job["results"])
+        results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    measured.update(results.get("items", {}))
+    outcome: dict[str, Any] = {"exit status": status, "ctranslate2": results.get("ctranslate2")}
+    outcome.update({f"loaded {compute_type}": loaded for compute_type, loaded in results.get("loaded", {}).items()})
+    if status != 0 and lines:
+        outcome["last error line"] = lines[-1]
+    return outcome
+
+
+# --- The published Multi30k recipe ---------------------------------------------------------------------------------
 
 MULTI30K_FILES = ("train", "val", "test_2016_flickr")
 
 
-def multi30k(section: Section, data: Path | None, minutes: float) -> None:
-    """scripts/multi30k.sh's recipe with its training time capped at `minutes` (less where the time limit needs)."""
+def multi30k_published(section: Section, data: Path | None, run_folder: Path | None) -> None:
+    """scripts/multi30k.sh --recipe published, whole: stopped at the time limit (its epoch losses so far recorded)."""
     run = section.run
     if data is None:
         raise Skipped("no --multi30k DIR given")
@@ -758,53 +1266,106 @@ def multi30k(section: Section, data: Path | None, minutes: float) -> None:
     ]
     if missing:
         raise Skipped(f"{data} lacks {', '.join(missing)}")
-    train_minutes = min(minutes, (run.seconds_left() - run.sizes.multi30k_reserve_s) / 60)
-    if train_minutes < 0.2:
-        raise Skipped(
-            f"time limit: {run.seconds_left():.0f} s left, the run needs {run.sizes.multi30k_reserve_s:.0f} s "
-            "besides training"
-        )
-    section.measure("Multi30k quick recipe", 0, partial(multi30k_run, run, data, train_minutes))
+    needed = run.sizes.multi30k_minimum_s * run.sizes.time_scale
+    if run.seconds_left() < needed:
+        raise Skipped(f"time limit: {run.seconds_left():.0f} s left, the run needs at least {needed:.0f} s")
+    section.measure("scripts/multi30k.sh --recipe published", 0, partial(published_run, run, data, run_folder))
 
 
-def multi30k_run(run: Run, data: Path, train_minutes: float) -> dict[str, Any]:
-    log = run.report.output_dir / "multi30k.log"
+def published_run(run: Run, data: Path, run_folder: Path | None) -> dict[str, Any]:
+    log = run.report.output_dir / "multi30k_published.log"
     # multi30k.sh runs `vaswani`: the one installed beside this Python, whatever PATH says
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    with tempfile.TemporaryDirectory() as folder, open(log, "w") as output:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = run_folder if run_folder is not None else Path(scratch) / "run"
+        if (folder / "results.json").exists():
+            return {"note": f"{folder} holds a finished run: not run again", **published_run_figures(folder)}
+        resumed = (folder / "run.json").exists()  # a run started there before, and stopped
         command = [
             "bash",
             str(Path(__file__).with_name("multi30k.sh")),
             str(data),
-            str(Path(folder) / "run"),
-            "--max-train-minutes",
-            f"{train_minutes:.2f}",
+            str(folder),
+            "--recipe",
+            "published",
         ]
         started = time.monotonic()
-        try:
-            status = subprocess.run(
-                command, stdout=output, stderr=subprocess.STDOUT, env=environment, timeout=max(1.0, run.seconds_left())
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return {"error": f"stopped at the time limit after {time.monotonic() - started:.0f} s (log: {log.name})"}
-        wall = round(time.monotonic() - started, 1)
-        if status != 0:
+        status = run_logged(command + (["--resume"] if resumed else []), log, run.seconds_left() - 5, environment)
+        outcome: dict[str, Any] = {"wall seconds": round(time.monotonic() - started, 1), "resumed": resumed}
+        keep_tail(log, 256 * 1024)  # progress bars make a long log
+        if status is None:
+            outcome["stopped"] = f"at the time limit (log: {log.name})"
+        elif status != 0:
             lines = log.read_text(errors="replace").strip().splitlines()
-            return {
-                "error": f"exit status {status}: {lines[-1] if lines else ''} (log: {log.name})",
-                "wall seconds": wall,
+            outcome["error"] = f"exit status {status}: {lines[-1] if lines else ''} (log: {log.name})"
+        return {**outcome, **published_run_figures(folder)}
+
+
+def run_logged(command: list[str], log: Path, timeout: float, environment: dict[str, str]) -> int | None:
+    """`command`'s exit status, its output in `log`; None where it ran past `timeout` seconds and was stopped: its
+    process group, so that its data loader workers stop with it."""
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+        try:
+            return process.wait(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            for stop, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(process.pid, stop)
+                    process.wait(timeout=grace)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            return None
+
+
+def keep_tail(path: Path, size: int) -> None:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        tail = handle.read()
+    path.write_bytes(tail)
+
+
+def published_run_figures(folder: Path) -> dict[str, Any]:
+    """From a run folder: results.json's scores (a finished run) and the validation loss and NLL at epochs 1 and 5 from
+    the newest checkpoint's trainer_state.json log history (else results.json's validation curve)."""
+    figures: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    if (folder / "results.json").exists():
+        results = json.loads((folder / "results.json").read_text())
+        figures.update(
+            {
+                "whitespace BLEU": results.get("whitespace_bleu"),
+                "sacreBLEU": results.get("bleu"),
+                "steps": results.get("steps"),
+                "train seconds": results.get("train_seconds"),
+                "total seconds": results.get("total_seconds"),
+                "precision": results.get("training_precision"),
             }
-        results = json.loads((Path(folder) / "run" / "results.json").read_text())
-    return {
-        "training minutes cap": round(train_minutes, 2),
-        "wall seconds": wall,
-        "train seconds": results["train_seconds"],
-        "steps": results["steps"],
-        "precision": results["training_precision"],
-        "test sacreBLEU": results["bleu"],
-        "test chrF2": results["chrf"],
-        "test tokenized BLEU": results["tokenized_bleu"],
-    }
+        )
+    states = sorted(folder.glob("**/checkpoint-*/trainer_state.json"), key=lambda path: checkpoint_step(path.parent))
+    if states:
+        history = json.loads(states[-1].read_text())["log_history"]
+        figures["log history of"] = str(states[-1].parent.relative_to(folder))
+    else:
+        history = (results.get("validation_loss") or {}).get("curve", [])
+    validations = [entry for entry in history if "eval_loss" in entry and "eval_nll_loss" in entry]
+    figures["validations"] = len(validations)
+    for epoch in (1, 5):
+        nearest = min(validations, key=lambda entry: abs(entry["epoch"] - epoch), default=None)
+        if nearest is not None and abs(nearest["epoch"] - epoch) < 0.5:
+            figures[f"epoch {epoch} eval_loss"] = round(nearest["eval_loss"], 4)
+            figures[f"epoch {epoch} eval_nll_loss"] = round(nearest["eval_nll_loss"], 4)
+    return figures
+
+
+def checkpoint_step(folder: Path) -> int:
+    suffix = folder.name.removeprefix("checkpoint-")
+    return int(suffix) if suffix.isdigit() else -1
 
 
 # --- Several processes ---------------------------------------------------------------------------------------------
@@ -886,7 +1447,7 @@ def distributed_worker(
             full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight  # FSDP's shards gathered
             change = max(change, (expected - before[name.removeprefix("module.")]).abs().max().item())
             difference = max(difference, (full - expected).abs().max().item())
-        seconds = statistics.median(timed(device, partial(step, wrapped, half, optimizer)) for _ in range(3))
+        seconds = time_calls(device, partial(step, wrapped, half, optimizer), 1, 3)
         if rank == 0:
             Path(result).write_text(
                 json.dumps(
@@ -903,6 +1464,87 @@ def distributed_worker(
         dist.destroy_process_group()
 
 
+# --- Summary: ratios of the recorded figures -----------------------------------------------------------------------
+
+
+def recorded_figures(data: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str]]:
+    """Every recorded item of every section (names are unique across sections), with the device it ran on."""
+    figures = {}
+    for entry in data["sections"].values():
+        for item, outcome in entry.get("results", {}).items():
+            figures[item] = (outcome, entry.get("device", data["device"]["name"]))
+    return figures
+
+
+def best_item(figures: dict[str, tuple[dict[str, Any], str]], candidates: list[str], key: str) -> str | None:
+    """The candidate with the highest positive figure `key`, None where none has one."""
+
+    def value(item: str) -> float:
+        figure = figures[item][0].get(key) if item in figures else None
+        is_number = isinstance(figure, int | float) and not isinstance(figure, bool)
+        return figure if is_number and figure > 0 else -math.inf
+
+    best = max(candidates, key=value, default=None)
+    return best if best is not None and value(best) > -math.inf else None
+
+
+def summary_entry(
+    figures: dict[str, tuple[dict[str, Any], str]], key: str, of: list[str], over: list[str] | None = None
+) -> dict[str, Any]:
+    """The best of the `of` items' figure `key`, divided by the best of the `over` items' of the same device where
+    given; `value` None and what is `missing` where a side has no such figure."""
+    numerator = best_item(figures, of, key)
+    if numerator is None:
+        return {"value": None, "missing": f"no {key} for {' or '.join(of)}"}
+    if over is None:
+        return {"value": figures[numerator][0][key], "figure": key, "of": numerator}
+    device = figures[numerator][1]
+    denominator = best_item(figures, [item for item in over if item in figures and figures[item][1] == device], key)
+    if denominator is None:
+        others = best_item(figures, over, key)
+        why = f"on {figures[others][1]}, not {device}" if others is not None else f"for {' or '.join(over)}"
+        return {"value": None, "missing": f"no {key} {why}"}
+    value = figures[numerator][0][key] / figures[denominator][0][key]
+    return {"value": round(value, 3), "figure": key, "of": numerator, "over": denominator}
+
+
+def summary(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ratios the figures are for, each system at its best (eager or compiled; the package loop eager or with a
+    compiled step), and whether compiling pays."""
+    figures = recorded_figures(data)
+    entries = {}
+    for preset in PRESETS:
+        ours = [f"{preset}, {OURS}, {mode}" for mode in ("eager", "compiled")]
+        marian = [f"{preset}, {MARIAN}, {mode}" for mode in ("eager", "compiled")]
+        entries[f"{preset} training tokens/s, hf_vaswani / MarianMT, each at its best"] = summary_entry(
+            figures, TRAINING_FIGURE, ours, marian
+        )
+    entries["big training MFU %, hf_vaswani at its best"] = summary_entry(
+        figures, MFU, [f"big, {OURS}, {mode}" for mode in ("eager", "compiled")]
+    )
+    for preset in PRESETS:
+        for system in (OURS, MARIAN):
+            entries[f"{preset} training tokens/s, {system}, compiled / eager"] = summary_entry(
+                figures, TRAINING_FIGURE, [f"{preset}, {system}, compiled"], [f"{preset}, {system}, eager"]
+            )
+    entries["base VaswaniTrainer tokens/s, torch_compile / eager"] = summary_entry(
+        figures, TRAINING_FIGURE, [f"base, {TRAINER}, torch_compile"], [f"base, {TRAINER}, eager"]
+    )
+    for batch in data.get("sizes", {}).get("generation batches", []):
+        shape = shape_name(batch, 4)
+        ours = [f"{shape}, {PACKAGE_LOOP}", f"{shape}, {PACKAGE_LOOP_COMPILED}"]
+        others = {
+            "CTranslate2 float16": [f"{shape}, CTranslate2 float16"],
+            "CTranslate2 int8_float16": [f"{shape}, CTranslate2 int8_float16"],
+            "MarianMT at its best": [f"{shape}, {MARIAN}", f"{shape}, {MARIAN_COMPILED}"],
+            "transformers' loop": [f"{shape}, {TRANSFORMERS_LOOP}"],
+        }
+        for other, items in others.items():
+            name = f"{shape} tokens/s, hf_vaswani package loop at its best / {other}"
+            entries[name] = summary_entry(figures, DECODING_FIGURE, ours, items)
+    return entries
+
+
 # --- Output --------------------------------------------------------------------------------------------------------
 
 
@@ -913,7 +1555,7 @@ def cell(value: Any) -> str:
 
 
 def markdown(data: dict[str, Any]) -> str:
-    """The report as Markdown: a header line on the device, then a table per section."""
+    """The report as Markdown: a header line on the device, the summary, then a table per section."""
     device = data["device"]
     peak = device["dense_bf16_peak_tflops"]
     lines = [
@@ -922,8 +1564,20 @@ def markdown(data: dict[str, Any]) -> str:
         f"{device['name']} ({device['type']}, {device['gpus']} GPUs; dense bf16 peak "
         f"{f'{peak} TFLOP/s' if peak else 'unknown'}); torch {device['torch']}, CUDA {device['cuda']}, transformers "
         f"{device['transformers']}, CTranslate2 {device['ctranslate2']}. {'Tiny sizes. ' if data['tiny'] else ''}"
-        f"Time limit {data['time_limit_minutes']} min, {data.get('elapsed_seconds', 0)} s used.",
+        f"Time limit {data['time_limit_minutes']} min, {data.get('elapsed_seconds', 0)} s used."
+        + (f" Merged from {', '.join(data['merged from'])}." if "merged from" in data else ""),
+        "",
+        "## Summary",
+        "",
+        "| figure | value | from |",
+        "|---|---|---|",
     ]
+    for name, entry in data.get("summary", {}).items():
+        if entry["value"] is None:
+            lines.append(f"| {name} | n/a | {cell(entry['missing'])} |")
+        else:
+            source = entry["of"] + (f" / {entry['over']}" if "over" in entry else "")
+            lines.append(f"| {name} | {cell(entry['value'])} | {cell(source)} |")
     for name, section in data["sections"].items():
         reason = f": {section['reason']}" if "reason" in section else ""
         lines += ["", f"## {name} ({section['status']}{reason})"]
@@ -943,11 +1597,32 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+UNRUN = ("not selected", "not reached")
+
+
+def merged_reports(paths: list[Path]) -> dict[str, Any]:
+    """One report of several runs' (each device call's): each section from the last report that ran it."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    data = copy.deepcopy(reports[0])
+    for report in reports[1:]:
+        for name, entry in report["sections"].items():
+            if entry.get("status") not in UNRUN or name not in data["sections"]:
+                data["sections"][name] = entry
+    data["merged from"] = [str(path) for path in paths]
+    data["elapsed_seconds"] = round(sum(report.get("elapsed_seconds", 0) for report in reports), 1)
+    return data
+
+
 # --- Main ----------------------------------------------------------------------------------------------------------
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sections = "\n".join(f"  {name:<20} {description}" for name, description in SECTIONS.items())
+    parser = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog=f"sections, in the order a run without --only takes them:\n{sections}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--output-dir",
         type=Path,
@@ -956,16 +1631,46 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--time-limit", type=float, default=8.0, metavar="MINUTES", help="for the whole run")
     parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(SECTIONS),
+        metavar="SECTION",
+        help="run this section (repeatable; in the order given); default: every section",
+    )
+    parser.add_argument(
         "--multi30k", type=Path, metavar="DIR", help="Multi30k's train, val, test_2016_flickr .en/.de.gz"
     )
-    parser.add_argument("--minutes", type=float, default=2.0, help="cap on the Multi30k run's training time")
+    parser.add_argument(
+        "--multi30k-run",
+        type=Path,
+        metavar="DIR",
+        help="keep the published run's folder here (default: a temporary one); a run stopped there is resumed",
+    )
+    parser.add_argument(
+        "--cublas12-wheel",
+        type=Path,
+        metavar="PATH",
+        help="an nvidia-cublas-cu12 wheel file for CTranslate2 on CUDA, where cuBLAS 12 is not installed (else pip)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: a quick check of the script itself")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: join these gpu_figures.json (later ones win a section) into --output-dir",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
-    deadline = time.monotonic() + 60 * args.time_limit
+    if args.merge:
+        Report(args.output_dir, merged_reports(args.merge)).save()
+        print(f"[gpu_figures] {args.output_dir / 'gpu_figures.json'}", file=sys.stderr)
+        return
+    started = time.monotonic()
+    deadline = started + 60 * args.time_limit
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
@@ -973,25 +1678,41 @@ def main(argv: list[str] | None = None) -> None:
         from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
         bf16 = cpu_bf16_matmul_works()
-    header = {
+    sizes = TINY if args.tiny else FULL
+    selected = list(dict.fromkeys(args.only or SECTIONS))
+    data = {
         "device": device_description(device),
         "bf16": bf16,
         "tiny": args.tiny,
         "time_limit_minutes": args.time_limit,
+        "only": selected if args.only else None,  # the sections run, in this order
+        "sizes": {
+            "fixed training batch": f"{sizes.train_tokens // sizes.train_length} x {sizes.train_length}",
+            "generation batches": list(sizes.generation_batches),
+            "source lengths": list(sizes.source_lengths),
+            "new tokens": sizes.new_tokens,
+        },
+        "sections": {name: {"status": "not reached" if name in selected else "not selected"} for name in SECTIONS},
     }
-    run = Run(device, TINY if args.tiny else FULL, bf16, deadline, Report(args.output_dir, header))
+    run = Run(device, sizes, bf16, deadline, Report(args.output_dir, data, started))
     run.report.save()
-    # The sections before the Multi30k run leave it its time: its training minutes and the rest of the run.
-    multi30k_time = 60 * args.minutes + run.sizes.multi30k_reserve_s if args.multi30k else 0.0
-    sections: dict[str, tuple[Callable[[Section], None], float]] = {
-        "correctness": (correctness, multi30k_time),
-        "training": (training, multi30k_time),
-        "generation": (generation, multi30k_time),
-        "multi30k": (partial(multi30k, data=args.multi30k, minutes=args.minutes), 0.0),
-        "distributed": (distributed, 0.0),
+    bodies: dict[str, Callable[[Section], None]] = {
+        "correctness": correctness,
+        "training": training,
+        "trainer": trainer,
+        "generation": generation,
+        "ctranslate2": partial(ctranslate2_section, wheel=args.cublas12_wheel),
+        "training_compiled": training_compiled,
+        "generation_compiled": generation_compiled,
+        "multi30k_published": partial(multi30k_published, data=args.multi30k, run_folder=args.multi30k_run),
+        "distributed": distributed,
     }
-    for name, (body, time_for_later) in sections.items():
-        run_section(replace(run, deadline=run.deadline - time_for_later), name, body)
+    # The sections before the published Multi30k run leave it the time it takes.
+    published = "multi30k_published" in selected and args.multi30k is not None
+    reserve_until = selected.index("multi30k_published") if published else 0
+    for index, name in enumerate(selected):
+        reserve = sizes.multi30k_estimate_s * sizes.time_scale if index < reserve_until else 0.0
+        run_section(replace(run, deadline=run.deadline - reserve), name, bodies[name])
     print(
         f"[gpu_figures] {args.output_dir / 'gpu_figures.json'}, {args.output_dir / 'gpu_figures.md'}", file=sys.stderr
     )

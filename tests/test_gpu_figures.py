@@ -1,16 +1,36 @@
 """scripts/gpu_figures.py at tiny sizes on the CPU: every section measured or skipped with its reason, its checks
-holding, its time limit kept; and its two-process step under gloo, the one run of that code short of 2+ GPUs."""
+holding, its summary computed from what it recorded, --only and --merge, its time limit kept; the pieces that need a
+GPU or a long run where they can be checked without one (cuBLAS 12 from a wheel, the published run's folder, a command
+stopped at its time), and its two-process step under gloo, the one run of that code short of 2+ GPUs."""
 
+import copy
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-SECTIONS = ["correctness", "training", "generation", "multi30k", "distributed"]
+SECTIONS = [
+    "correctness",
+    "training",
+    "trainer",
+    "generation",
+    "ctranslate2",
+    "training_compiled",
+    "generation_compiled",
+    "multi30k_published",
+    "distributed",
+]
+HAS_CTRANSLATE2 = importlib.util.find_spec("ctranslate2") is not None
+SHAPES = [(batch, beams) for batch in (2, 4) for beams in (1, 4)]  # TINY's generation batches, greedy and beam 4
 
 
 def gpu_figures(output_dir: Path, *options: str) -> dict:
@@ -24,31 +44,73 @@ def gpu_figures(output_dir: Path, *options: str) -> dict:
     return json.loads((output_dir / "gpu_figures.json").read_text())
 
 
+def shape(batch: int, beams: int) -> str:
+    return f"{'greedy' if beams == 1 else f'beam {beams}'}, batch {batch}"
+
+
+def recorded(report: dict) -> dict:
+    return {
+        item: outcome for entry in report["sections"].values() for item, outcome in entry.get("results", {}).items()
+    }
+
+
 @pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory) -> tuple[dict, Path]:
+def script() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(SCRIPTS))  # spawn's processes import the script by name, as this one does
+    try:
+        import gpu_figures
+
+        yield gpu_figures
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory) -> tuple[dict, Path, float]:
     output_dir = tmp_path_factory.mktemp("gpu_figures")
-    return gpu_figures(output_dir, "--time-limit", "10"), output_dir
+    started = time.monotonic()
+    report = gpu_figures(output_dir, "--time-limit", "10")
+    return report, output_dir, time.monotonic() - started
 
 
 def test_every_section_is_measured_or_skipped_with_its_reason(tiny_report) -> None:
-    report, output_dir = tiny_report
+    report, output_dir, _ = tiny_report
     assert list(report["sections"]) == SECTIONS
     sections = report["sections"]
-    for name in ("correctness", "training", "generation"):
+    on_a_cpu = ["correctness", "training", "trainer", "generation", "training_compiled", "generation_compiled"]
+    if HAS_CTRANSLATE2:
+        on_a_cpu.append("ctranslate2")
+    else:
+        assert sections["ctranslate2"]["reason"] == "ctranslate2 is not installed"
+    for name in on_a_cpu:
         assert sections[name]["status"] == "measured", sections[name]
+        assert sections[name]["device"] == "CPU"
         for item, outcome in sections[name]["results"].items():
             assert "error" not in outcome, (item, outcome)
-            assert "skipped" not in outcome or outcome["skipped"], item
-    assert sections["multi30k"] == {"status": "skipped", "reason": "no --multi30k DIR given", "seconds": 0.0}
+            figures = set(outcome) - {"seconds", "skipped"}
+            assert bool(figures) != bool(outcome.get("skipped")), (item, outcome)  # figures, or why there are none
+    assert sections["multi30k_published"] == {
+        "status": "skipped",
+        "device": "CPU",
+        "reason": "no --multi30k DIR given",
+        "seconds": 0.0,
+    }
     assert sections["distributed"]["status"] == "skipped"
     assert sections["distributed"]["reason"].startswith("no CUDA device")
     markdown = (output_dir / "gpu_figures.md").read_text()
     assert markdown.startswith("# GPU figures")
+    assert "## Summary" in markdown
     assert all(f"## {name} (" in markdown for name in SECTIONS)
 
 
+def test_the_tiny_run_takes_well_under_a_minute(tiny_report) -> None:
+    report, _, wall_seconds = tiny_report
+    assert report["elapsed_seconds"] < 45, report["elapsed_seconds"]
+    assert wall_seconds < 75  # and the imports
+
+
 def test_the_checks_hold_on_the_cpu(tiny_report) -> None:
-    report, _ = tiny_report
+    report, _, _ = tiny_report
     correctness = report["sections"]["correctness"]["results"]
     assert correctness["reverse task: training until greedy is exact on the CPU"]["greedy exact on CPU"] == 1.0
     decoding = correctness["reverse task: device decoding = CPU fp32"]
@@ -57,12 +119,122 @@ def test_the_checks_hold_on_the_cpu(tiny_report) -> None:
     if report["bf16"]:
         assert correctness["attention implementations, bf16 logits"]["sdpa within tolerance"]
         assert correctness["Trainer step: bf16 loss = fp32 loss"]["within tolerance"]
-    training = report["sections"]["training"]["results"]
-    assert set(training) == {"base, hf_vaswani", "base, MarianMT", "big, hf_vaswani", "big, MarianMT"}
-    assert all(outcome["MFU %"] == "n/a" for outcome in training.values())  # no GPU peak to divide by
-    generation = report["sections"]["generation"]["results"]
-    assert generation["greedy, batch 4, hf_vaswani eager"]["output length"] == 6  # forced
-    assert generation["beam 4, batch 4, MarianMT eager"]["output length"] == 6
+    compiled = report["sections"]["generation_compiled"]["results"]
+    assert compiled["beam 4, batch 4, hf_vaswani package loop, compiled step"]["equal to the eager loop"]
+
+
+def test_each_figure_is_timed_at_the_sizes_asked(tiny_report) -> None:
+    report, _, _ = tiny_report
+    sections = report["sections"]
+    training = sections["training"]["results"]
+    assert set(training) == {
+        f"{preset}, {system}, eager" for preset in ("base", "big") for system in ("hf_vaswani", "MarianMT")
+    }
+    for outcome in training.values():
+        assert outcome["steps timed"] == 2 and outcome["source+target tokens/s"] > 0
+        assert outcome["attention"] == "sdpa"
+        assert outcome["MFU %"] == "n/a"  # no GPU peak to divide by
+    trainer = sections["trainer"]["results"]
+    assert set(trainer) == {"base, VaswaniTrainer, eager", "big, VaswaniTrainer, eager"}
+    for outcome in trainer.values():
+        assert outcome["steps timed"] == 2
+        assert 0 < outcome["source+target tokens/s"] <= outcome["padded source+target tokens/s"]
+        assert outcome["max_tokens"] == 256
+    generation = sections["generation"]["results"]
+    systems = ("hf_vaswani package loop", "hf_vaswani transformers loop", "MarianMT")
+    assert set(generation) == {f"{shape(*each)}, {system}" for each in SHAPES for system in systems}
+    assert all(outcome["output length"] == 6 for outcome in generation.values())  # forced
+    compiled = sections["training_compiled"]["results"]
+    assert compiled["base, hf_vaswani, compiled"]["backend"] == "aot_eager"
+    assert compiled["base, MarianMT, compiled"]["source+target tokens/s"] > 0
+    assert compiled["base, VaswaniTrainer, torch_compile"]["skipped"] == "Trainer's torch_compile is timed on CUDA"
+    compiled_decoding = sections["generation_compiled"]["results"]
+    assert set(compiled_decoding) == {
+        "beam 4, batch 4, hf_vaswani package loop, compiled step",
+        "beam 4, batch 4, MarianMT, static cache + compiled",
+    }
+    assert all(outcome["output length"] == 6 for outcome in compiled_decoding.values())
+    if HAS_CTRANSLATE2:  # on the CPU its CPU compute types, in the child process as on CUDA
+        ctranslate2 = sections["ctranslate2"]["results"]
+        assert ctranslate2["child process"]["exit status"] == 0
+        for compute_type in ("float32", "int8"):
+            assert ctranslate2["child process"][f"loaded {compute_type}"] == "yes"
+            for each in SHAPES:
+                assert ctranslate2[f"{shape(*each)}, CTranslate2 {compute_type}"]["output length"] == 6
+
+
+def test_the_summary_is_computed_from_the_recorded_figures(tiny_report) -> None:
+    report, _, _ = tiny_report
+    figures, summary = recorded(report), report["summary"]
+    for name, entry in summary.items():
+        if entry["value"] is None:
+            assert entry["missing"], name
+            continue
+        numerator = figures[entry["of"]][entry["figure"]]
+        if "over" in entry:
+            assert entry["value"] == pytest.approx(numerator / figures[entry["over"]][entry["figure"]], abs=6e-4)
+        else:
+            assert entry["value"] == numerator
+    ratio = summary["base training tokens/s, hf_vaswani / MarianMT, each at its best"]
+    ours = [figures[f"base, hf_vaswani, {mode}"]["source+target tokens/s"] for mode in ("eager", "compiled")]
+    assert figures[ratio["of"]]["source+target tokens/s"] == max(ours)  # the better of eager and compiled
+    for batch in (2, 4):
+        name = f"beam 4, batch {batch} tokens/s, hf_vaswani package loop at its best"
+        assert summary[f"{name} / MarianMT at its best"]["value"] > 0
+        assert summary[f"{name} / transformers' loop"]["value"] > 0
+        assert summary[f"{name} / CTranslate2 float16"]["missing"].startswith("no output tokens/s")  # a CPU's types
+    assert summary["big training MFU %, hf_vaswani at its best"]["value"] is None  # "n/a" on a CPU is no figure
+
+
+def test_ratios_take_figures_of_one_device_only(script) -> None:
+    figures = {"a": ({"tokens/s": 3.0}, "GPU 1"), "b": ({"tokens/s": 2.0}, "GPU 2"), "c": ({"tokens/s": 1.5}, "GPU 1")}
+    assert script.summary_entry(figures, "tokens/s", ["a"], ["b"]) == {
+        "value": None,
+        "missing": "no tokens/s on GPU 2, not GPU 1",
+    }
+    # b would be the best denominator, but it is not of a's device: c is
+    assert script.summary_entry(figures, "tokens/s", ["a"], ["b", "c"]) == {
+        "value": 2.0,
+        "figure": "tokens/s",
+        "of": "a",
+        "over": "c",
+    }
+
+
+def test_only_runs_the_sections_it_names(tmp_path) -> None:
+    report = gpu_figures(tmp_path, "--only", "generation", "--only", "training", "--time-limit", "5")
+    statuses = {name: entry["status"] for name, entry in report["sections"].items()}
+    assert statuses == {name: "measured" if name in ("generation", "training") else "not selected" for name in SECTIONS}
+    assert report["only"] == ["generation", "training"]
+    assert report["summary"]["base training tokens/s, hf_vaswani / MarianMT, each at its best"]["value"] > 0
+    assert "beam 4, batch 4, CTranslate2 float32" not in recorded(report)
+
+
+def test_merge_takes_each_section_from_the_last_report_that_ran_it(tiny_report, tmp_path, script) -> None:
+    report, output_dir, _ = tiny_report
+    later = copy.deepcopy(report)
+    for name in SECTIONS:
+        if name != "generation":
+            later["sections"][name] = {"status": "not selected"}
+    item = "beam 4, batch 4, MarianMT"
+    later["sections"]["generation"]["results"][item]["output tokens/s"] *= 100  # a faster MarianMT, later
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    script.main(
+        [
+            "--merge",
+            str(output_dir / "gpu_figures.json"),
+            str(tmp_path / "later.json"),
+            "--output-dir",
+            str(tmp_path / "merged"),
+        ]
+    )
+    merged = json.loads((tmp_path / "merged" / "gpu_figures.json").read_text())
+    assert merged["sections"]["generation"] == later["sections"]["generation"]
+    assert merged["sections"]["training"] == report["sections"]["training"]
+    name = "beam 4, batch 4 tokens/s, hf_vaswani package loop at its best / MarianMT at its best"
+    assert merged["summary"][name]["over"] == item
+    assert merged["summary"][name]["value"] < report["summary"][name]["value"]
+    assert merged["merged from"][1].endswith("later.json")
 
 
 def test_nothing_starts_past_the_time_limit(tmp_path) -> None:
@@ -74,13 +246,17 @@ def test_nothing_starts_past_the_time_limit(tmp_path) -> None:
     assert time.monotonic() - started < 120  # imports and the bf16 probe, nothing measured
 
 
-def test_a_measurement_without_the_time_it_needs_is_skipped(tmp_path, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import gpu_figures as script
-
+def test_a_measurement_without_the_time_it_needs_is_skipped(tmp_path, script) -> None:
     cpu = script.torch.device("cpu")
-    header = {"device": script.device_description(cpu), "bf16": False, "tiny": False, "time_limit_minutes": 0.5}
-    run = script.Run(cpu, script.FULL, False, time.monotonic() + 30, script.Report(tmp_path, header))
+    data = {
+        "device": script.device_description(cpu),
+        "bf16": False,
+        "tiny": False,
+        "time_limit_minutes": 0.5,
+        "sizes": {"generation batches": [32, 128]},
+        "sections": {name: {"status": "not selected"} for name in SECTIONS},
+    }
+    run = script.Run(cpu, script.FULL, False, time.monotonic() + 30, script.Report(tmp_path, data, time.monotonic()))
     section = script.Section(run, {})
     section.measure("quick", 10, lambda: {"value": 1})
     section.measure("slow", 60, lambda: pytest.fail("measured without the time it needs"))
@@ -90,10 +266,94 @@ def test_a_measurement_without_the_time_it_needs_is_skipped(tmp_path, monkeypatc
     assert section.results["broken"]["error"] == "ZeroDivisionError: division by zero"
 
 
-def test_two_processes_step_as_one_process_with_the_whole_batch(monkeypatch) -> None:
-    """FSDP2, sharded per layer; DDP differs by one line (the wrapper) and costs as much to start."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # spawn's processes import the script by name, as this one does
-    import gpu_figures as script
+def test_the_published_run_needs_its_corpus(tmp_path, script) -> None:
+    script.main(
+        ["--tiny", "--only", "multi30k_published", "--multi30k", str(tmp_path), "--output-dir", str(tmp_path / "out")]
+    )
+    report = json.loads((tmp_path / "out" / "gpu_figures.json").read_text())
+    entry = report["sections"]["multi30k_published"]
+    assert entry["status"] == "skipped"
+    assert entry["reason"] == f"{tmp_path} lacks " + ", ".join(
+        f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")
+    )
 
+
+def test_the_published_run_is_read_from_its_folder(tmp_path, script) -> None:
+    """Epochs 1 and 5 from the newest checkpoint's log history (checkpoint-120 after checkpoint-24: by step), results
+    where the run finished; a run stopped after epoch 2 has only epoch 1's."""
+    folder = tmp_path / "run"
+
+    def log_history(epochs: int) -> list[dict]:
+        history = []
+        for epoch in range(1, epochs + 1):
+            step = 24 * epoch
+            history.append({"loss": 5.0 / epoch, "nll_loss": 4.0 / epoch, "epoch": epoch - 0.01, "step": step})
+            history.append(
+                {"eval_loss": 3.0 / epoch, "eval_nll_loss": 2.0 / epoch, "epoch": epoch - 0.004, "step": step}
+            )
+        return history
+
+    for step, epochs in ((24, 1), (48, 2), (120, 5)):
+        checkpoint = folder / "checkpoints" / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": log_history(epochs)}))
+    assert script.published_run_figures(folder) == {
+        "log history of": "checkpoints/checkpoint-120",
+        "validations": 5,
+        "epoch 1 eval_loss": 3.0,
+        "epoch 1 eval_nll_loss": 2.0,
+        "epoch 5 eval_loss": 0.6,
+        "epoch 5 eval_nll_loss": 0.4,
+    }
+    results = {
+        "whitespace_bleu": 40.1,
+        "bleu": 39.0,
+        "steps": 120,
+        "train_seconds": 400.0,
+        "training_precision": "bf16",
+    }
+    (folder / "results.json").write_text(json.dumps(results))
+    figures = script.published_run_figures(folder)
+    assert figures["whitespace BLEU"] == 40.1 and figures["steps"] == 120 and figures["epoch 5 eval_loss"] == 0.6
+    for step in (24, 120):  # stopped after epoch 2
+        for path in (folder / "checkpoints" / f"checkpoint-{step}").iterdir():
+            path.unlink()
+        (folder / "checkpoints" / f"checkpoint-{step}").rmdir()
+    (folder / "results.json").unlink()
+    figures = script.published_run_figures(folder)
+    assert figures["validations"] == 2 and "epoch 1 eval_loss" in figures and "epoch 5 eval_loss" not in figures
+
+
+def test_a_command_past_its_time_is_stopped_with_its_process_group(tmp_path, script) -> None:
+    log = tmp_path / "log"
+    started = time.monotonic()
+    status = script.run_logged(["bash", "-c", "sleep 60 & echo started; wait"], log, 1.0, dict(os.environ))
+    assert status is None
+    assert time.monotonic() - started < 30  # the shell and its sleep stopped, not waited for
+    assert log.read_text() == "started\n"
+    assert script.run_logged(["bash", "-c", "exit 3"], log, 10.0, dict(os.environ)) == 3
+
+
+def test_cublas12_comes_from_a_wheel_where_none_is_installed(tmp_path, script, monkeypatch) -> None:
+    monkeypatch.setattr(script, "cublas12_folders", lambda: [])
+    cache = tmp_path / "cache"
+    with pytest.raises(LookupError, match="none installed"):
+        script.cublas12_libraries(None, cache, pip=False)
+    wheel = tmp_path / "nvidia_cublas_cu12-12.9.1.4-py3-none-manylinux_2_27_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("nvidia/cublas/lib/libcublas.so.12", b"cublas")
+    with pytest.raises(LookupError, match="lacks nvidia/cublas/lib/libcublasLt.so.12"):
+        script.cublas12_libraries(wheel, cache, pip=False)
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr("nvidia/cublas/lib/libcublasLt.so.12", b"cublasLt")
+    paths, source = script.cublas12_libraries(wheel, cache, pip=False)
+    assert [Path(path).name for path in paths] == ["libcublasLt.so.12", "libcublas.so.12"]  # in load order
+    assert Path(paths[1]).read_bytes() == b"cublas"
+    assert source == f"extracted from {wheel}"
+    assert script.cublas12_libraries(None, cache, pip=False) == (paths, f"found in {Path(paths[0]).parent}")
+
+
+def test_two_processes_step_as_one_process_with_the_whole_batch(script) -> None:
+    """FSDP2, sharded per layer; DDP differs by one line (the wrapper) and costs as much to start."""
     outcome = script.two_process_step("FSDP", "gloo", script.TINY)
     assert outcome["equal (1e-3 of the update)"], outcome
