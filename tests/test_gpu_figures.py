@@ -66,15 +66,13 @@ def script() -> Iterator[ModuleType]:
 
 
 @pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory) -> tuple[dict, Path, float]:
+def tiny_report(tmp_path_factory) -> tuple[dict, Path]:
     output_dir = tmp_path_factory.mktemp("gpu_figures")
-    started = time.monotonic()
-    report = gpu_figures(output_dir, "--time-limit", "10")
-    return report, output_dir, time.monotonic() - started
+    return gpu_figures(output_dir, "--time-limit", "10"), output_dir
 
 
 def test_every_section_is_measured_or_skipped_with_its_reason(tiny_report) -> None:
-    report, output_dir, _ = tiny_report
+    report, output_dir = tiny_report
     assert list(report["sections"]) == SECTIONS
     sections = report["sections"]
     on_a_cpu = ["correctness", "training", "trainer", "generation", "training_compiled", "generation_compiled"]
@@ -103,14 +101,8 @@ def test_every_section_is_measured_or_skipped_with_its_reason(tiny_report) -> No
     assert all(f"## {name} (" in markdown for name in SECTIONS)
 
 
-def test_the_tiny_run_takes_well_under_a_minute(tiny_report) -> None:
-    report, _, wall_seconds = tiny_report
-    assert report["elapsed_seconds"] < 45, report["elapsed_seconds"]
-    assert wall_seconds < 75  # and the imports
-
-
 def test_the_checks_hold_on_the_cpu(tiny_report) -> None:
-    report, _, _ = tiny_report
+    report, _ = tiny_report
     correctness = report["sections"]["correctness"]["results"]
     assert correctness["reverse task: training until greedy is exact on the CPU"]["greedy exact on CPU"] == 1.0
     decoding = correctness["reverse task: device decoding = CPU fp32"]
@@ -124,7 +116,7 @@ def test_the_checks_hold_on_the_cpu(tiny_report) -> None:
 
 
 def test_each_figure_is_timed_at_the_sizes_asked(tiny_report) -> None:
-    report, _, _ = tiny_report
+    report, _ = tiny_report
     sections = report["sections"]
     training = sections["training"]["results"]
     assert set(training) == {
@@ -164,7 +156,7 @@ def test_each_figure_is_timed_at_the_sizes_asked(tiny_report) -> None:
 
 
 def test_the_summary_is_computed_from_the_recorded_figures(tiny_report) -> None:
-    report, _, _ = tiny_report
+    report, _ = tiny_report
     figures, summary = recorded(report), report["summary"]
     for name, entry in summary.items():
         if entry["value"] is None:
@@ -211,7 +203,7 @@ def test_only_runs_the_sections_it_names(tmp_path) -> None:
 
 
 def test_merge_takes_each_section_from_the_last_report_that_ran_it(tiny_report, tmp_path, script) -> None:
-    report, output_dir, _ = tiny_report
+    report, output_dir = tiny_report
     later = copy.deepcopy(report)
     for name in SECTIONS:
         if name != "generation":
