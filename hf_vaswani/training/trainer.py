@@ -101,13 +101,13 @@ class TokenIdCheckingCollator:
     the model reads no ids on an accelerator (model/checks_vaswani.py), where an id outside the vocabulary would stop
     the device with an assertion deep inside an embedding."""
 
-    def __init__(self, collator: Callable[[list], dict], vocab_size: int) -> None:
-        self.collator, self.vocab_size = collator, vocab_size
+    def __init__(self, collator: Callable[[list], dict], source_vocab_size: int, vocab_size: int) -> None:
+        self.collator, self.source_vocab_size, self.vocab_size = collator, source_vocab_size, vocab_size
 
     def __call__(self, features: list) -> dict:
         batch = self.collator(features)
-        for name in ("input_ids", "decoder_input_ids"):
-            check_token_ids(name, batch.get(name), self.vocab_size)
+        check_token_ids("input_ids", batch.get("input_ids"), self.source_vocab_size)
+        check_token_ids("decoder_input_ids", batch.get("decoder_input_ids"), self.vocab_size)
         check_token_ids("labels", batch.get("labels"), self.vocab_size, ignored_id=-100)
         return batch
 
@@ -134,7 +134,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             raise UsageError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
         self.cooldown_steps = cooldown_steps
-        self.data_collator = TokenIdCheckingCollator(self.data_collator, self.model.config.vocab_size)
+        self.data_collator = TokenIdCheckingCollator(
+            self.data_collator, self.model.config.source_vocab_size, self.model.config.vocab_size
+        )
         # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
         self.model.register_load_state_dict_post_hook(tied_copies_are_loaded)
         # The model smooths its own loss (compute_loss): Trainer's LabelSmoother would need the logits.

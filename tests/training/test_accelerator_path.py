@@ -59,6 +59,18 @@ def test_the_trainer_refuses_ids_outside_the_vocabulary_where_it_collates(tmp_pa
     features = [{"input_ids": [5, len(tokenizer) + 3, 2], "labels": [7, 2]}]
     with pytest.raises(UsageError, match=rf"input_ids holds id {len(tokenizer) + 3}, outside the vocabulary"):
         trainer.data_collator(features)
+    # a separate source vocabulary, larger than the target's: each side checked against its own
+    config = VaswaniConfig(
+        vocab_size=len(tokenizer), source_vocab_size=len(tokenizer) + 10, share_embeddings=False, **TRAINABLE_MODEL
+    )
+    model = VaswaniForConditionalGeneration(config)
+    args = paper_training_arguments(tmp_path / "separate", use_cpu=True, disable_tqdm=True)
+    trainer = VaswaniTrainer(model=model, args=args, data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    batch = trainer.data_collator(features)
+    assert int(batch["input_ids"].max()) == len(tokenizer) + 3
+    target_bound = rf"holds id {len(tokenizer) + 3}, outside the vocabulary \[0, {len(tokenizer)}\)"
+    with pytest.raises(UsageError, match=rf"decoder_input_ids {target_bound}"):  # the labels shifted right
+        trainer.data_collator([{"input_ids": [5, 2], "labels": [len(tokenizer) + 3, 2]}])
 
 
 def loss_and_gradients(model, hidden, labels, smoothing, tokens=None) -> list[torch.Tensor]:
