@@ -281,7 +281,7 @@ class StepRules:
             if request.banned is None:
                 banned.append(None)
                 continue
-            in_force = tuple(length - skipped < minimum for _, minimum, skipped in request.banned.rules)
+            in_force = request.banned.in_force(length)
             if in_force not in columns_of_rules:
                 ids = request.banned.banned_ids(length, request.vocab_size)
                 columns_of_rules[in_force] = None if ids is None else column_positions(request, ids.to(device))
@@ -297,12 +297,12 @@ def apply_rules(request: Request, rules: StepRules, scores: torch.Tensor, length
         scores.index_fill_(1, rules.banned[length], -math.inf)
     if request.cap is None:
         return scores
-    at_cap = request.cap.at_cap(scores.shape[0], length)
     if values_wait_for_device(scores):  # finding the rows at their cap would wait for the device: every row masked
-        eos_scores = scores.index_select(1, rules.eos_column).masked_fill_(at_cap[:, None], 0.0)
-        scores.masked_fill_(at_cap[:, None], -math.inf).index_copy_(1, rules.eos_column, eos_scores)
+        at_cap = request.cap.at_cap(scores.shape[0], length)[:, None]
+        eos_scores = scores.index_select(1, rules.eos_column).masked_fill_(at_cap, 0.0)
+        scores.masked_fill_(at_cap, -math.inf).index_copy_(1, rules.eos_column, eos_scores)
     else:  # on the CPU most steps find no row at its cap, and skip the vocabulary-sized work
-        rows = at_cap.nonzero().squeeze(1)
+        rows = request.cap.rows_at_cap(scores.shape[0], length)
         if rows.numel():
             request.cap.force_end(scores, rows, rules.eos_column)
     return scores

@@ -116,9 +116,14 @@ class BannedColumnsLogitsProcessor(LogitsProcessor):
         ids = self.banned_ids(input_ids.shape[-1], scores.shape[-1])
         return scores if ids is None else scores.index_fill(1, ids.to(scores.device), -math.inf)
 
+    def in_force(self, length: int) -> tuple[bool, ...]:
+        """For each rule, whether it bars its tokens at a step whose hypotheses hold `length` tokens."""
+        return tuple(length - skipped < min_length for _, min_length, skipped in self.rules)
+
     def banned_ids(self, length: int, vocab_size: int) -> torch.Tensor | None:
         """The columns barred at a step whose hypotheses hold `length` tokens, or None when no rule bars any."""
-        banned = [ids.reshape(-1) for ids, min_length, skipped in self.rules if length - skipped < min_length]
+        in_force = zip(self.rules, self.in_force(length), strict=True)
+        banned = [ids.reshape(-1) for (ids, _, _), barring in in_force if barring]
         if not banned:
             return None
         ids = torch.cat(banned)
