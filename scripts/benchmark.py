@@ -1,7 +1,7 @@
 """Speed and memory of hf_vaswani against transformers' MarianMTModel and CTranslate2, at identical size, on CPU.
 
-A random MarianMTModel converted with `from_marian` (both compute the same function: their logits are compared) and
-CTranslate2 converted from the same Marian folder. Repetitions alternate between systems; medians are reported, and
+A random hf_vaswani model and the MarianMTModel of the same function (`to_marian`; their logits are compared), and
+CTranslate2 converted from that Marian model's folder. Repetitions alternate between systems; medians are reported, and
 each ratio as the median of its ratios within a repetition.
 Measured: training tokens/s (forward, backward, fused AdamW; hf_vaswani with its trainer's chunked loss), peak RSS
 growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length (hf_vaswani
@@ -41,16 +41,25 @@ from types import SimpleNamespace
 
 import psutil
 import torch
-from transformers import MarianConfig, MarianMTModel
+from speed_comparison import (
+    SEARCH_AS_TRANSFORMERS,
+    TrainingStep,
+    forced_length,
+    model_pair,
+    produced_tokens,
+    random_tokens,
+    time_calls,
+    transformers_loop,
+)
+from transformers import MarianMTModel
 from transformers.utils import logging as transformers_logging
 
 import hf_vaswani
+from hf_vaswani import VaswaniConfig
 from hf_vaswani.decoding.shortlist import Shortlist
-from hf_vaswani.interop.convert import from_marian
 from hf_vaswani.kernels.allocator import reuse_freed_memory
 from hf_vaswani.kernels.cpu import kernelize, onednn_product, packed_weights
 from hf_vaswani.kernels.quantization import quantize_int8
-from hf_vaswani.model.modeling_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
 PRESETS = {
@@ -103,7 +112,7 @@ def measured_matmul_gflops(repeats: int = 5, size: int = 2048) -> dict[str, floa
     rates = {}
     for name, kernel in kernels.items():
         kernel()  # warm-up: thread pool, the library's buffers
-        rates[name] = 2 * size**3 / min(timed(kernel) for _ in range(repeats)) / 1e9
+        rates[name] = 2 * size**3 / min(time_calls(kernel) for _ in range(repeats)) / 1e9
     return rates
 
 
@@ -112,14 +121,8 @@ def measured_memory_gbps(repeats: int = 5, mib: int = 512) -> float:
     (best of `repeats`), the memory bound's denominator."""
     source = torch.ones(mib * 2**18)
     target = torch.zeros_like(source)  # touched, so that no page fault is timed
-    best = min(timed(lambda: target.copy_(source)) for _ in range(repeats))
+    best = min(time_calls(lambda: target.copy_(source)) for _ in range(repeats))
     return 2 * source.nbytes / best / 1e9
-
-
-def timed(work) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
 
 
 def decoding_matmul_flops(preset: dict, sentences: int, beams: int, source_length: int, output_length: int) -> float:
@@ -187,35 +190,33 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build_models(preset: dict) -> tuple[MarianMTModel, torch.nn.Module]:
-    config = MarianConfig(
-        vocab_size=preset["vocab"],
+def build_models(preset: dict, seed: int) -> tuple[MarianMTModel, torch.nn.Module]:
+    """The pair of `preset`'s size with an OPUS-MT model's special ids and output bias, hf_vaswani's with the package's
+    CPU kernels (as the package builds and loads its models)."""
+    vocab = preset["vocab"]
+    config = VaswaniConfig(
+        vocab_size=vocab,
         d_model=preset["d_model"],
+        d_ff=preset["ffn"],
+        num_heads=preset["heads"],
         encoder_layers=preset["layers"],
         decoder_layers=preset["layers"],
-        encoder_attention_heads=preset["heads"],
-        decoder_attention_heads=preset["heads"],
-        encoder_ffn_dim=preset["ffn"],
-        decoder_ffn_dim=preset["ffn"],
-        activation_function="relu",
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        pad_token_id=preset["vocab"] - 1,
-        decoder_start_token_id=preset["vocab"] - 1,
+        output_bias=True,
+        initialization="fairseq",  # a zero <pad> embedding, from which CTranslate2 starts Marian's decoder
+        pad_token_id=vocab - 1,
+        bos_token_id=None,
         eos_token_id=EOS,
-        forced_eos_token_id=None,  # CTranslate2 has no forced final </s>: all three run the same search
-        max_position_embeddings=512,
+        decoder_start_token_id=vocab - 1,
     )
-    marian = MarianMTModel(config).eval()
-    marian.generation_config.bad_words_ids = [[config.pad_token_id]]  # as OPUS-MT; CTranslate2 drops <pad> anyway
-    return marian, kernelize(from_marian(marian)).eval()  # as the package builds and loads its models
+    vaswani, marian = model_pair(config, seed)
+    for model in (vaswani, marian):  # as OPUS-MT; CTranslate2 drops <pad> anyway
+        model.generation_config.bad_words_ids = [[config.pad_token_id]]
+    return marian, kernelize(vaswani)
 
 
 def random_source(batch: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
     """Ordinary tokens (neither eos, unk nor pad) ending with </s>, as Marian tokenizers produce."""
-    ids = torch.randint(2, vocab - 1, (batch, length), generator=generator)
-    ids[:, -1] = EOS
-    return ids
+    return random_tokens(generator, batch, length, vocab - 1, words_start=2, eos=EOS)
 
 
 def max_logit_difference(marian: MarianMTModel, vaswani: torch.nn.Module, source: torch.Tensor) -> float:
@@ -261,25 +262,14 @@ def autocast(dtype: str):
 
 
 class TrainingRun:
-    """A training copy of a model and its fused AdamW (Seq2SeqTrainer's default optimizer for MarianMT, and what
-    paper_training_arguments asks for), kept across repetitions as in one training process."""
+    """A training copy of a model and its training step (fused AdamW: Seq2SeqTrainer's default optimizer for MarianMT,
+    and what paper_training_arguments asks for), kept across repetitions as in one training process."""
 
     def __init__(self, model: torch.nn.Module, batch: dict, dtype: str, compiled: bool) -> None:
-        self.model = copy.deepcopy(model).train()  # the decoding models stay untouched
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
-        if compiled:  # accelerate's TorchDynamoPlugin compiles the model so, with the default backend and dynamic=None
-            self.model = torch.compile(self.model)
-        self.dtype = dtype
-        # hf_vaswani trains as VaswaniTrainer does: its loss chunk by chunk, without the full-vocabulary logits
-        self.batch = {**batch, "return_logits": False} if isinstance(model, VaswaniForConditionalGeneration) else batch
-        self.tokens_per_step = batch["input_ids"].numel() + batch["labels"].numel()
-
-    def step(self) -> None:
-        with autocast(self.dtype):
-            loss = self.model(**self.batch).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # accelerate's TorchDynamoPlugin compiles the model with the default backend and dynamic=None: options {}
+        self.step = TrainingStep(  # a copy: the decoding models stay untouched
+            copy.deepcopy(model), batch, bf16=dtype == "bf16", compile_options={} if compiled else None
+        )
 
     def first_steps(self, steps: int = 2) -> float:
         """Peak RSS growth (MiB) over the first steps: optimizer state, gradients and activations."""
@@ -290,15 +280,7 @@ class TrainingRun:
         return memory.delta_mib
 
     def tokens_per_second(self, steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        return steps * self.tokens_per_step / (time.perf_counter() - start)
-
-
-def transformers_loop(model: torch.nn.Module, **kwargs) -> torch.Tensor:
-    """transformers' decoding loop: the model's own `generate`."""
-    return model.generate(**kwargs)
+        return self.step.tokens / time_calls(self.step, repeats=steps)
 
 
 def generate_run(
@@ -321,15 +303,11 @@ def generate_run(
             num_beams=beams,
             do_sample=False,
             length_penalty=1.0,
-            min_new_tokens=length,
-            max_new_tokens=length,
+            **forced_length(length),
             **extra,
         )
     seconds = time.perf_counter() - start
-    new_tokens = output.shape[1] - 1  # minus the decoder start token
-    if new_tokens != length:
-        raise RuntimeError(f"{type(model).__name__} generated {new_tokens} tokens instead of {length}")
-    return source.shape[0] * new_tokens / seconds
+    return source.shape[0] * produced_tokens(output, length, type(model).__name__) / seconds
 
 
 PRODUCTS = {"mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "aten::mm", "quantized::linear_dynamic"}
@@ -351,7 +329,7 @@ def step_profile(
     from torch.profiler import profile
 
     with profile(record_shapes=True) as profiled:
-        seconds_a_call = timed(partial(generate_run, model, source, beams, length, dtype, **extra))
+        seconds_a_call = time_calls(partial(generate_run, model, source, beams, length, dtype, **extra))
     encoder_rows = source.numel()
     columns = {model.config.vocab_size}
     if extra.get("shortlist") is not None:  # the listed tokens and </s>
@@ -474,13 +452,7 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
         for name, model in decode_models.items():
             options = dict(extras[name])
             ids = options.pop("search", transformers_loop)(
-                model,
-                input_ids=source,
-                num_beams=1,
-                do_sample=False,
-                min_new_tokens=length,
-                max_new_tokens=length,
-                **options,
+                model, input_ids=source, num_beams=1, do_sample=False, **forced_length(length), **options
             )
             outputs[name] = ids[:, 1:].tolist()
     if translator is not None:
@@ -574,7 +546,7 @@ def main() -> None:
     print(f"memory bandwidth (512 MiB copies, read + write, best of 5): {gbps:.1f} GB/s")
     preset = PRESETS[args.preset]
     generator = torch.Generator().manual_seed(args.seed)
-    marian, vaswani = build_models(preset)
+    marian, vaswani = build_models(preset, args.seed)
     vocab = preset["vocab"]
 
     check = random_source(4, args.source_length, vocab, generator)
@@ -616,9 +588,8 @@ def main() -> None:
     decode_models = train_models
     if args.int8:
         decode_models = {name: quantize_int8(model) for name, model in train_models.items()}  # the same for both
-    paper_off = {"max_new_tokens_over_source": None, "length_penalty_type": "power"}
-    ours = paper_off | {"search": hf_vaswani.generate}
-    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: paper_off}
+    ours = SEARCH_AS_TRANSFORMERS | {"search": hf_vaswani.generate}
+    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: SEARCH_AS_TRANSFORMERS}
     decode_models = {**decode_models, TRANSFORMERS_LOOP: decode_models["hf_vaswani"]}
     if listed:
         decode_models[WITH_SHORTLIST] = decode_models["hf_vaswani"]

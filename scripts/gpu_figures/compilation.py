@@ -1,0 +1,53 @@
+"""The variants each system is measured in, so that each is compared at its best: eager; compiled (torch.compile,
+inductor); captured (inductor with CUDA graphs, mode="reduce-overhead", which replays a step's kernels in one launch:
+on CUDA only). On a CPU a compiled variant checks the code, not its speed: inductor's C++ build of these graphs would
+take most of a tiny run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+VARIANTS = ("eager", "compiled", "captured")
+# generate's options for transformers' compiled decoding: a static cache, compiled by the caller (transformers would
+# compile a static-cache step on its own on CUDA)
+STATIC_COMPILED = dict(cache_implementation="static", disable_compile=True)
+
+
+def unavailable(variant: str, device: torch.device) -> str | None:
+    """Why `variant` does not run on `device`; None where it does."""
+    if variant == "captured" and device.type != "cuda":
+        return 'mode="reduce-overhead" captures CUDA graphs: CUDA only'
+    return None
+
+
+def compile_options(variant: str, device: torch.device, cpu_backend: str = "aot_eager") -> dict[str, Any] | None:
+    """torch.compile's options for `variant` on `device`, None for eager. On a CPU `cpu_backend`: aot_eager traces the
+    forward and backward graphs and builds no code; "eager" runs dynamo alone."""
+    if variant == "eager":
+        return None
+    if device.type != "cuda":
+        return {"backend": cpu_backend}
+    return {"backend": "inductor", **({"mode": "reduce-overhead"} if variant == "captured" else {})}
+
+
+def described(options: dict[str, Any]) -> dict[str, str]:
+    """The compilation as the report records it."""
+    return {"backend": options["backend"], "mode": options.get("mode", "default")}
+
+
+@contextmanager
+def compiled_forward(model: torch.nn.Module, options: dict[str, Any]) -> Iterator[None]:
+    """The model's forward under torch.compile with `options`, one graph, compiled afresh (far from dynamo's recompile
+    limit however many shapes came before)."""
+    torch._dynamo.reset()
+    original = model.forward
+    model.forward = torch.compile(original, fullgraph=True, **options)
+    try:
+        yield
+    finally:
+        model.forward = original
+        torch._dynamo.reset()  # compiled graphs hold the model
