@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tiny import random_model
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 from hf_vaswani.decoding import search
+from hf_vaswani.kernels import graphs
 from hf_vaswani.model import checks_vaswani, loss_vaswani, modeling_vaswani
 
 REFUSE_HF_VASWANI = """
@@ -191,10 +194,17 @@ def sharpened(model):
 HOST_READS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
 
 
-def take_tensors_as_on_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every tensor taken for one on an accelerator by the code that asks (`values_wait_for_device`)."""
+def take_tensors_as_on_an_accelerator(
+    monkeypatch: pytest.MonkeyPatch, step_backend: str | Callable = "aot_eager"
+) -> None:
+    """Every tensor taken for one on an accelerator by the code that asks (`values_wait_for_device`); decoding steps,
+    captured there, compiled as on an accelerator but by `step_backend` (not inductor: its CPU compilation takes long)
+    and without dynamic shapes, so that each recompilation shows."""
     for module in (checks_vaswani, loss_vaswani, modeling_vaswani, search):
         monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
+    monkeypatch.setitem(graphs.STEP_COMPILATION, "cpu", {"backend": step_backend, "dynamic": False})
+    graphs.captured.cache_clear()  # compiled afresh with these options, and again after the test
+    monkeypatch.setattr(graphs, "captured", cache(graphs.captured.__wrapped__))
 
 
 def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> Counter:

@@ -244,3 +244,37 @@ class TokenBatchSampler(torch.utils.data.Sampler[list[int]]):
             heapq.heappush(heap, (-half, (position, (*path, 0)), batch[:half]))
             heapq.heappush(heap, (half - len(batch), (position, (*path, 1)), batch[half:]))
         return [batch for _, _, batch in sorted(heap, key=lambda entry: entry[1])]
+
+
+class BoundedShapeCollator:
+    """`collator`'s batches padded to few distinct shapes: rows, source and target lengths each to a multiple of
+    `multiple`. A compiled training step compiles, and a captured one records a CUDA graph, for each shape it meets;
+    batches cut by a token budget (`TokenBatchSampler`) otherwise take almost as many shapes as there are batches.
+
+    An added row is one attended source token (`eos_token_id`: an attention row with every key masked would give NaN),
+    then padding, and labels that are all -100: it adds nothing to the loss or the gradients.
+    """
+
+    def __init__(
+        self,
+        collator: Callable[[list], dict],
+        multiple: int,
+        pad_token_id: int,
+        eos_token_id: int,
+        decoder_start_token_id: int,
+    ) -> None:
+        self.collator, self.multiple = collator, multiple
+        self.fills = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100, "decoder_input_ids": pad_token_id}
+        self.firsts = {"input_ids": eos_token_id, "attention_mask": 1, "decoder_input_ids": decoder_start_token_id}
+
+    def __call__(self, features: list) -> dict:
+        batch = self.collator(features)
+        for name, fill in self.fills.items():
+            if name in batch:
+                tensor = batch[name]
+                rows, length = (-(-size // self.multiple) * self.multiple for size in tensor.shape)
+                padded = tensor.new_full((rows, length), fill)
+                padded[: tensor.shape[0], : tensor.shape[1]] = tensor
+                padded[tensor.shape[0] :, 0] = self.firsts.get(name, fill)
+                batch[name] = padded
+        return batch

@@ -39,6 +39,7 @@ from transformers.generation.logits_process import (
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 
 from ..kernels.cpu import packed_weights
+from ..kernels.graphs import captured
 from ..model.checks_vaswani import values_wait_for_device
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import (
@@ -77,6 +78,8 @@ INACTIVE_VALUES = {  # settings this loop covers only at these values, where the
     ), (None,)),
 }  # fmt: skip
 COVERED_ARGUMENTS = {"input_ids", "attention_mask", "logits_processor"}  # other generate arguments: transformers' loop
+# An accelerator's self-attention cache holds a multiple of this many positions: fewer shapes for captured steps.
+CACHE_LENGTH_MULTIPLE = 32
 
 
 @dataclass
@@ -210,26 +213,29 @@ class Decoder:
         self.encoder_states = model.get_encoder()(
             input_ids=request.source_ids, attention_mask=request.source_mask
         ).last_hidden_state
-        # On an accelerator the self-attention cache is allocated once for the longest output and written in place,
-        # its tensors keeping their addresses (what a captured graph needs); on the CPU it grows a position a step,
-        # so that reordering beams copies only the positions made so far.
-        if values_wait_for_device(self.encoder_states):
-            self_attention = StaticCache(config=model.config, max_cache_len=request.max_length)
+        # On an accelerator the self-attention cache is allocated once for the longest output (rounded up, so that
+        # calls of nearby lengths share a shape) and written in place, its tensors keeping their addresses: each step
+        # after the first (which fills the cross-attention cache) is then one compiled graph, replayed from a CUDA graph
+        # on CUDA (`captured`). On the CPU the cache grows a position a step, so that reordering beams copies only the
+        # positions made so far, and the steps run eagerly.
+        self.steps_captured = values_wait_for_device(self.encoder_states)
+        if self.steps_captured:
+            cache_length = -(-request.max_length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+            self_attention = StaticCache(config=model.config, max_cache_len=cache_length)
         else:
             self_attention = DynamicCache(config=model.config)
         self.cache = EncoderDecoderCache(self_attention, DynamicCache(config=model.config))
         self.projection = model.lm_head if request.columns is None else projection_over(model.lm_head, request.columns)
+        self.steps_taken = 0
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """float32 logits (rows x columns, a tensor of their own) of the next token after each row's `tokens`."""
-        hidden = self.model.model.decoder(
-            input_ids=tokens[:, None],
-            encoder_hidden_states=self.encoder_states,
-            encoder_attention_mask=self.source_mask,
-            cache=self.cache,
-            use_cache=True,
-        ).last_hidden_state
-        return self.projection(hidden)[:, -1].float()
+        """float32 logits (rows x columns) of the next token after each row's `tokens`: a tensor of their own, or on an
+        accelerator the captured step's output, valid until the next step."""
+        step = next_token_logits
+        if self.steps_captured and self.steps_taken:
+            step = captured(next_token_logits, self.encoder_states.device.type)
+        self.steps_taken += 1
+        return step(self.model, self.projection, tokens, self.encoder_states, self.source_mask, self.cache)
 
     def reorder(self, rows: torch.Tensor) -> None:
         """The self-attention cache's rows in the order of `rows` (those continued), a static cache's in place."""
@@ -241,6 +247,25 @@ class Decoder:
             if layer.is_initialized:
                 layer.keys.copy_(layer.keys.index_select(0, rows))
                 layer.values.copy_(layer.values.index_select(0, rows))
+
+
+def next_token_logits(
+    model: VaswaniForConditionalGeneration,
+    projection: Callable[[torch.Tensor], torch.Tensor],
+    tokens: torch.Tensor,
+    encoder_states: torch.Tensor,
+    source_mask: torch.Tensor | None,
+    cache: EncoderDecoderCache,
+) -> torch.Tensor:
+    """One decoding step: float32 logits of the next token after each row's `tokens`, the caches updated."""
+    hidden = model.model.decoder(
+        input_ids=tokens[:, None],
+        encoder_hidden_states=encoder_states,
+        encoder_attention_mask=source_mask,
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state
+    return projection(hidden)[:, -1].float()
 
 
 # torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call, a pass over the whole

@@ -127,7 +127,7 @@ def label_smoothed_loss(
         return ProjectedLabelSmoothedLoss.apply(
             hidden_states, weight, bias, labels, label_smoothing, chunk_size, 1.0 / denominator, product
         )
-    log_probs = logits.flatten(0, 1).float().log_softmax(-1)
+    log_probs = logits.flatten(0, 1).log_softmax(-1, dtype=torch.float32)  # half-precision logits: no float32 copy
     labels = labels.flatten()
     nll = nn.functional.nll_loss(log_probs, labels, ignore_index=-100, reduction="sum")
     total = nll

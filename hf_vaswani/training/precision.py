@@ -58,14 +58,18 @@ def bf16_training_seconds(config: VaswaniConfig, max_tokens: int, rounds: int = 
 
 
 def training_precision(settings: RecipeSettings) -> str:
-    """ "fp32", "bf16" or "fp16": as set, or with `bf16_if_faster` as measured here (one line on stderr says which)."""
-    if not settings.bf16_if_faster:
-        return "bf16" if settings.bf16 else "fp16" if settings.fp16 else "fp32"
-    flag = setting_flag("bf16_if_faster")
+    """ "fp32", "bf16" or "fp16": as set; else on a CUDA GPU bf16 where it supports it; else with `bf16_if_faster` as
+    measured here (one line on stderr says which); else fp32."""
+    chosen = [name for name in ("bf16", "fp16", "fp32") if getattr(settings, name)]
+    if chosen:
+        return chosen[0]
     if torch.cuda.is_available():  # bf16 tensor cores: faster wherever the GPU has them
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-        print(f"{flag}: {precision} (on {torch.cuda.get_device_name()})", file=sys.stderr)
+        print(f"training in {precision} on {torch.cuda.get_device_name()}", file=sys.stderr)
         return precision
+    if not settings.bf16_if_faster:
+        return "fp32"
+    flag = setting_flag("bf16_if_faster")
     if torch.backends.mps.is_available():
         raise UsageError(f"{flag} measures CPU training; on MPS pass {setting_flag('bf16')} or nothing")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would measure, and they could disagree

@@ -427,7 +427,7 @@ def training_arguments(settings: RecipeSettings, output_dir: Path, precision: st
         full_determinism=settings.full_determinism,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        torch_compile=settings.torch_compile,
+        torch_compile=torch.cuda.is_available() if settings.torch_compile is None else settings.torch_compile,
         # On a GPU: fp32 products on TF32 tensor cores, and batches made by two workers while it computes. On a CPU
         # the cores that would make them train.
         tf32=torch.cuda.is_available() and is_torch_tf32_available(),

@@ -16,12 +16,16 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from ..data.batching import TokenBatchSampler
+from ..data.batching import BoundedShapeCollator, TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
 from ..model.checks_vaswani import check_token_ids
 from ..model.errors_vaswani import UsageError
 from .precision import cpu_bf16_matmul_works
 from .schedule import paper_lr_scheduler
+
+# A compiled run's batches have rows and lengths padded to a multiple of this: a few dozen shapes in five epochs of
+# Multi30k (tests/training/test_compiled_training.py), and tensor cores' preferred multiple.
+SHAPE_MULTIPLE = 8
 
 
 def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrainingArguments:
@@ -47,6 +51,9 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         # Trainer's filter reads every step's loss on the host, a wait for an accelerator each step; a step whose loss
         # is not finite shows as such in the logged loss and nll_loss.
         logging_nan_inf_filter=False,
+        # Compiled on a GPU, the step's kernels are captured in CUDA graphs and replayed: a small model's step is
+        # otherwise bound by launching them one by one (VaswaniTrainer bounds the batch shapes graphs are kept for).
+        torch_compile_mode="reduce-overhead" if torch.cuda.is_available() else None,
     )
     arguments = {**settings, **overrides}
     if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():
@@ -117,9 +124,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     With `max_tokens`, each training batch holds sentence pairs of similar length with at most `max_tokens` (padded)
     source tokens and as many target tokens, sharded over processes so that each pair is seen once per epoch;
-    `per_device_train_batch_size` is then unused. The schedule uses `args.warmup_steps` and the model's d_model, scaled
-    by `args.learning_rate`, and with `cooldown_steps` falls linearly to zero over the run's last steps
-    (`paper_lr_scheduler`).
+    `per_device_train_batch_size` is then unused. Compiled (`args.torch_compile`), its batches take few shapes
+    (`BoundedShapeCollator`): rows and lengths padded to a multiple of 8.
+
+    The schedule uses `args.warmup_steps` and the model's d_model, scaled by `args.learning_rate`, and with
+    `cooldown_steps` falls linearly to zero over the run's last steps (`paper_lr_scheduler`).
 
     Training steps smooth the loss by `args.label_smoothing_factor` (§5.4) in the model's own loss, which on the CPU
     never holds the full-vocabulary logits (0: the model's loss as configured); evaluation reports the model's loss, the
@@ -134,9 +143,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
             raise UsageError(f"max_tokens must be positive, got {max_tokens}")
         self.max_tokens = max_tokens
         self.cooldown_steps = cooldown_steps
-        self.data_collator = TokenIdCheckingCollator(
-            self.data_collator, self.model.config.source_vocab_size, self.model.config.vocab_size
-        )
+        config = self.model.config
+        if self.args.torch_compile:
+            self.data_collator = BoundedShapeCollator(
+                self.data_collator,
+                SHAPE_MULTIPLE,
+                config.pad_token_id,
+                config.eos_token_id,
+                config.decoder_start_token_id,
+            )
+        self.data_collator = TokenIdCheckingCollator(self.data_collator, config.source_vocab_size, config.vocab_size)
         # Trainer resumes with load_state_dict(strict=False) and warns about every missing key it returns.
         self.model.register_load_state_dict_post_hook(tied_copies_are_loaded)
         # The model smooths its own loss (compute_loss): Trainer's LabelSmoother would need the logits.

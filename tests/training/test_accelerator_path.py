@@ -136,3 +136,16 @@ def test_the_trainer_trains_the_compiled_model_as_the_eager_one(tmp_path, tokeni
         assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule) == compiled
         logged[compiled] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged[True]) == 3 and logged[True] == pytest.approx(logged[False], rel=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(nn, "LinearCrossEntropyOptions"), reason="this torch has no linear_cross_entropy")
+def test_torchs_fused_linear_cross_entropy_has_no_label_smoothing_yet() -> None:
+    """Why the CPU's chunked loss is the package's own (ProjectedLabelSmoothedLoss): torch's fused, chunked
+    linear_cross_entropy computes no label-smoothed loss (§5.4); given one it warns and takes all logits at once. When
+    this fails, torch has it: use it wherever it measures at least as fast (scripts/benchmark.py)."""
+    hidden, weight = torch.randn(5, 8), torch.randn(11, 8)
+    labels = torch.randint(0, 11, (5,))
+    with pytest.warns(UserWarning, match="options`` ignored; chunked path needs .*label_smoothing == 0"):
+        nn.functional.linear_cross_entropy(
+            hidden, weight, labels, label_smoothing=0.1, options=nn.LinearCrossEntropyOptions()
+        )
