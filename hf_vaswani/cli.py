@@ -16,6 +16,21 @@ from .model.errors_vaswani import UsageError
 from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, its mistakes as the package's: one line `PROG: error: ...` (no usage above it), exit code
+    2. A command's parser refuses the options it does not know itself, so that the line names the command: argparse
+    would hand them up to `vaswani`'s parser."""
+
+    def parse_known_args(self, args=None, namespace=None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return namespace, unknown
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def option_flag(name: str) -> str:
     """The command-line option of the argparse destination `name`."""
     return "--" + name.replace("_", "-")
@@ -229,6 +244,14 @@ def command_shortlist(args: argparse.Namespace) -> None:
     print(shortlist.save(args.model))
 
 
+def check_not_an_input(output: Path, inputs: dict[str, Path | None]) -> None:
+    """Refuses an output file that is one of the command's input files (`inputs`, by option), by path or through a
+    link: the output replaces its file whole, and the input would be lost. The inputs exist: they are checked first."""
+    for option, path in inputs.items():
+        if path is not None and output.exists() and output.samefile(path):
+            raise UsageError(f"--output {output} is the {option} file: writing the output would replace it")
+
+
 def command_translate(args: argparse.Namespace) -> None:
     from .decoding.alignment import align_nbest, align_pairs, check_alignment_layer
     from .decoding.loading import load_model_folder
@@ -241,6 +264,7 @@ def command_translate(args: argparse.Namespace) -> None:
         check_input_file(args.input, "--input")
     if args.output:
         check_output_file(args.output, "--output")
+        check_not_an_input(args.output, {"--input": args.input})
     check_batch_size(args.batch_size, "--batch-size")
     options = generation_options(args)
     check_shortlist(args)
@@ -288,6 +312,7 @@ def command_score(args: argparse.Namespace) -> None:
     check_input_file(args.target, "--target")
     if args.output:
         check_output_file(args.output, "--output")
+        check_not_an_input(args.output, {"--source": args.source, "--target": args.target})
     check_batch_size(args.batch_size, "--batch-size")
     with open(args.source, "rb") as source, open(args.target, "rb") as target:
         sources, targets = read_sentences(source, str(args.source)), read_sentences(target, str(args.target))
@@ -433,8 +458,8 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool =
 def build_parser() -> argparse.ArgumentParser:
     from .decoding.scoring import NORMALIZATIONS
 
-    parser = argparse.ArgumentParser(prog="vaswani", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = CommandParser(prog="vaswani", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)  # each a CommandParser too
 
     demo = commands.add_parser("demo", help="the main job: corpus, tokenizer, training, averaging, BLEU, model folder")
     add_run_folder_arguments(demo)

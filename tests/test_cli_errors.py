@@ -175,6 +175,32 @@ def test_output_and_input_paths_are_checked_before_loading(tiny_folder, tmp_path
     )
 
 
+def test_an_output_that_is_an_input_file_is_refused_before_anything_is_read(
+    tiny_folder, tmp_path, capfd, monkeypatch
+) -> None:
+    """The output replaces its file whole: the input's name typed twice, another spelling of it, or a link to it would
+    lose the input."""
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the paths were checked")
+
+    monkeypatch.setattr(hf_vaswani.decoding.loading, "load_model_folder", no_loading)
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "in.txt"
+    source.write_text("red cat\n")
+    (tmp_path / "symbolic.txt").symlink_to(source)
+    os.link(source, tmp_path / "hard.txt")
+    model = str(tiny_folder)
+    for output in (str(source), "in.txt", "symbolic.txt", "hard.txt"):
+        argv = ["translate", model, "--input", str(source), "--output", output]
+        refused(capfd, argv, f"--output {output} is the --input file")
+    (tmp_path / "target.txt").write_text("ROTE KATZE\n")
+    for option, output in (("--source", "hard.txt"), ("--target", "target.txt")):
+        argv = ["score", model, "--source", str(source), "--target", "target.txt", "--output", output]
+        refused(capfd, argv, f"--output {output} is the {option} file")
+    assert source.read_text() == "red cat\n" and (tmp_path / "target.txt").read_text() == "ROTE KATZE\n"
+
+
 def test_a_failed_write_keeps_the_old_output_and_leaves_no_partial_file(tiny_folder, tmp_path, monkeypatch) -> None:
     (tmp_path / "in.txt").write_text("red cat\nblue dog\n")
     output = tmp_path / "out.txt"
@@ -292,6 +318,16 @@ def test_an_option_that_would_be_ignored_is_refused(tiny_folder, tmp_path, capfd
     refused(capfd, [*train, *corpus], "--train, --test: --data synthetic reads no such option (--data files does)")
     refused(capfd, [*train, "--data", "files", *corpus, "--hub-name", "wmt14"], "--hub-name", "--data hub does")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["translate", "MODEL"], ["train", "--output-dir", "run"], ["average", "--output", "averaged"]]
+)
+def test_an_unknown_option_is_one_line_naming_its_command(tiny_folder, tmp_path, capfd, monkeypatch, command) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [str(tiny_folder) if word == "MODEL" else word for word in command]
+    refused(capfd, [*argv, "--no-such-option"], "unrecognized arguments: --no-such-option")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_int8_with_a_half_precision_is_refused(tiny_folder, capfd) -> None:

@@ -33,6 +33,18 @@ def values_wait_for_device(tensor: torch.Tensor) -> bool:
     return tensor.device.type != "cpu"
 
 
+def check_devices(device: torch.device, **inputs: object) -> None:
+    """Refuses an input tensor on another device than the model's weights (`device`), naming it: ids on the meta
+    device embed into garbage rather than fail, another mix fails deep inside. It compares devices, reading no
+    values. Weights on the meta device are not here yet: accelerate's offloading brings them, and the inputs, to its
+    execution device in hooks of its own."""
+    if device.type == "meta":
+        return
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.device != device:
+            raise UsageError(f"{name} is on {value.device}, the model's weights on {device}: move it to model.device")
+
+
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, ignored_id: int | None = None) -> None:
     """Refuses ids that are not integers of [0, vocab_size), naming the first one outside it, instead of an error deep
     in an embedding. Only the dtype of ids on an accelerator (or in a compiled graph) is checked: there an id outside
@@ -70,8 +82,10 @@ def check_inputs(
     decoder_inputs_embeds: torch.Tensor | None,
     encoder_outputs: BaseModelOutput | None,
     past_length: int,
+    device: torch.device,
 ) -> None:
-    """Refuses a source and target that do not belong together, before anything is computed on them.
+    """Refuses a source and target that do not belong together, or that are not on the weights' `device`, before
+    anything is computed on them.
 
     The decoder batch equals the source batch, except after `encoder_outputs` were passed: while generating, the beams
     (or returned sequences) of each sentence share its encoder states (attend_with_shared_source), so the decoder batch
@@ -81,6 +95,16 @@ def check_inputs(
     check_tensor("inputs_embeds", inputs_embeds, 3)
     check_tensor("decoder_input_ids", decoder_input_ids, 2)
     check_tensor("decoder_inputs_embeds", decoder_inputs_embeds, 3)
+    check_devices(
+        device,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        inputs_embeds=inputs_embeds,
+        encoder_outputs=encoder_outputs.last_hidden_state if encoder_outputs is not None else None,
+        decoder_input_ids=decoder_input_ids,
+        decoder_attention_mask=decoder_attention_mask,
+        decoder_inputs_embeds=decoder_inputs_embeds,
+    )
     if encoder_outputs is not None:
         source = encoder_outputs.last_hidden_state
     else:
@@ -118,11 +142,20 @@ def check_inputs(
         )
 
 
-def check_source(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, embeddings: nn.Embedding) -> None:
+def check_source(
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    embeddings: nn.Embedding,
+    attention_mask: torch.Tensor | None = None,
+) -> None:
     """Refuses a source the encoder cannot read, naming the argument: ids that are not (batch, length) vocabulary ids,
-    embeddings that are not (batch, length, d_model) of the embeddings' dtype, or a source without a token."""
+    embeddings that are not (batch, length, d_model) of the embeddings' dtype, a source without a token, or one not on
+    the embeddings' device."""
     check_tensor("input_ids", input_ids, 2)
     check_tensor("inputs_embeds", inputs_embeds, 3)
+    check_devices(
+        embeddings.weight.device, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+    )
     check_token_ids("input_ids", input_ids, embeddings.num_embeddings)
     if inputs_embeds is not None and inputs_embeds.shape[-1] != embeddings.embedding_dim:
         raise UsageError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, not d_model {embeddings.embedding_dim}")
@@ -138,8 +171,12 @@ def check_source(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | N
         raise UsageError(f"{name} holds no token: shape {tuple(source.shape)}")
 
 
-def check_labels(labels: torch.Tensor, decoder_inputs: torch.Tensor | None, vocab_size: int) -> None:
-    """Refuses labels that are not one target id (or -100, ignored) for each decoder input position."""
+def check_labels(
+    labels: torch.Tensor, decoder_inputs: torch.Tensor | None, vocab_size: int, device: torch.device
+) -> None:
+    """Refuses labels that are not one target id (or -100, ignored) for each decoder input position, on the weights'
+    `device`."""
+    check_devices(device, labels=labels)
     check_token_ids("labels", labels, vocab_size, ignored_id=-100)
     if decoder_inputs is not None and labels.shape != decoder_inputs.shape[:2]:
         raise UsageError(

@@ -167,6 +167,8 @@ class VaswaniConfig(PreTrainedConfig):
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"{field.name} must be a finite number, got {value}")
+            if isinstance(value, int) and abs(value) >= 2**63:  # torch's sizes are 64-bit: it would fail building
+                raise UsageError(f"{field.name} must fit in 64 bits, got {value}")
         for name in (
             "vocab_size",
             "source_vocab_size",

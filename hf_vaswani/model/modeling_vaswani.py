@@ -384,7 +384,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         # checked here rather than in VaswaniModel: generate calls the encoder directly
-        check_source(input_ids, inputs_embeds, self.embeddings.embed_tokens)
+        check_source(input_ids, inputs_embeds, self.embeddings.embed_tokens, attention_mask)
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -525,6 +525,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             decoder_inputs_embeds,
             encoder_outputs,
             past_length,
+            self.get_input_embeddings().weight.device,
         )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -640,6 +641,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
                 labels,
                 decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds,
                 self.config.vocab_size,
+                self.lm_head.weight.device,
             )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:

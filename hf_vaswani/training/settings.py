@@ -3,6 +3,8 @@
 import difflib
 import inspect
 import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,6 +24,14 @@ UNUSED_UNLESS = {
     "eval_bleu_num_beams": ("eval_bleu_steps", True),
 }
 EARLY_STOPPING_METRICS = ("bleu", "loss")
+# Numeric settings with a range of their own, checked in RecipeSettings; every other number must be positive.
+OWN_RANGES = ("label_smoothing", "length_penalty", "num_beams", "eval_bleu_num_beams", "seed", "bpe_dropout")
+# torch's tensors and the tokenizers' Rust code take 64-bit integers: a larger count fails inside them, after work.
+INTEGER_LIMIT = 2**63
+# numpy's generator takes seeds of [0, 2**32) (transformers' set_seed seeds it, torch's and Python's).
+SEED_LIMIT = 2**32
+# How a refused type's message names the types a setting takes.
+TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "None"}
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
 TOKENIZER_FIELDS = {
     "vocab_size": "vocab_size",
@@ -229,31 +239,17 @@ class RecipeSettings:
     )
 
     def __post_init__(self) -> None:
+        # First the types and ranges every setting of its type must have, so that later checks compare numbers
+        # with numbers: each field by its declared type, a field added later too.
+        for setting in fields(self):
+            value = getattr(self, setting.name)
+            check_setting_type(setting.name, value, setting.type)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                check_number(setting.name, value)
         if self.preset not in PRESETS:
             raise UsageError(f"{setting_flag('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        for name in (
-            "vocab_size",
-            "bpe_merges",
-            "max_tokens",
-            "update_freq",
-            "warmup_steps",
-            "max_steps",
-            "adam_epsilon",
-            "max_grad_norm",
-            "cooldown_steps",
-            "max_train_minutes",
-            "average_last",
-            "save_steps",
-            "logging_steps",
-            "eval_batch_size",
-            "learning_rate_scale",
-            "eval_bleu_steps",
-            "eval_bleu_sample",
-            "early_stopping_patience",
-        ):
-            value = getattr(self, name)
-            if value is not None and not 0 < value < math.inf:  # NaN fails every comparison, so `value <= 0` too
-                raise UsageError(f"{setting_flag(name)} must be positive and finite, got {value}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise UsageError(f"{setting_flag('seed')} must be in [0, 2**32) (numpy's generator), got {self.seed}")
         decoding = ("num_beams", "length_penalty", "length_penalty_type")
         check_generation_settings(
             {name: getattr(self, name) for name in decoding}, {name: setting_flag(name) for name in decoding}
@@ -338,6 +334,35 @@ class RecipeSettings:
                 hint = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(OVERRIDABLE_FIELDS)}"
                 raise UsageError(f"{setting_flag('model_overrides')} {key}: VaswaniConfig has no such field ({hint})")
         model_config(self)  # the preset with the overrides, its vocabulary a placeholder: refuses bad values now
+
+
+def check_setting_type(name: str, value: object, annotation: object) -> None:
+    """Refuses (UsageError) a value that is not of the field's declared type: `X | None` takes X or None, a float
+    field an int too, and a dict's keys must be of its key type. A bool is no integer here, nor an integer a bool:
+    True would pass as the count 1, and 1 as a flag."""
+    members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = tuple(typing.get_origin(member) or member for member in members)
+    if isinstance(value, bool):
+        valid = bool in kinds
+    elif isinstance(value, int):
+        valid = int in kinds or float in kinds
+    else:
+        valid = isinstance(value, kinds)
+    if valid and isinstance(value, dict):  # dict[K, V]: its keys are K's
+        (key_type,) = {typing.get_args(member)[0] for member in members if typing.get_origin(member) is dict}
+        valid = all(isinstance(key, key_type) for key in value)
+    if not valid:
+        takes = " or ".join(TYPE_NAMES.get(kind, f"a {kind.__name__}") for kind in kinds)
+        raise UsageError(f"{setting_flag(name)} must be {takes}, got {value!r}")
+
+
+def check_number(name: str, value: int | float) -> None:
+    """Refuses (UsageError) a number that is not positive and finite, but for the settings of OWN_RANGES (checked in
+    RecipeSettings), and an integer beyond 64 bits."""
+    if name not in OWN_RANGES and not 0 < value < math.inf:  # NaN fails every comparison, so `value <= 0` too
+        raise UsageError(f"{setting_flag(name)} must be positive and finite, got {value}")
+    if isinstance(value, int) and abs(value) >= INTEGER_LIMIT:
+        raise UsageError(f"{setting_flag(name)} must fit in 64 bits (torch's and tokenizers' integers), got {value}")
 
 
 def setting_flag(name: str) -> str:

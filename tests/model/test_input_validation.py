@@ -11,15 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import refused
-from tiny import save_untrained_folder, write_corpus_files
+from accelerate import cpu_offload
+from helpers import count_host_reads, refused
+from tiny import random_model, save_untrained_folder, write_corpus_files
+from transformers.modeling_outputs import BaseModelOutput
 
+import hf_vaswani
 import hf_vaswani.cli
 import hf_vaswani.decoding.translation
 from hf_vaswani import VaswaniConfig
 from hf_vaswani.data.corpus import load_jsonl, load_parallel_files, load_tsv
 from hf_vaswani.data.tokenization import load_trained_bpe
 from hf_vaswani.decoding.loading import load_model_folder
+from hf_vaswani.model import modeling_vaswani
+from hf_vaswani.model.errors_vaswani import UsageError
 from hf_vaswani.model.generation_vaswani import paper_generation_config
 from hf_vaswani.text_io import read_sentences
 from hf_vaswani.training.averaging import average_checkpoints
@@ -228,3 +233,82 @@ def test_an_argument_the_model_does_not_take_is_refused_not_swallowed(name: str)
         model(input_ids=ids, decoder_input_ids=ids, **{name: None})
     with pytest.raises(ValueError, match=f"the model takes no argument {name}"):
         model.generate(ids, max_new_tokens=2, **{name: None})
+
+
+# 6. Inputs on another device than the weights
+
+
+def inputs_with_one_on_meta(model, name: str) -> dict:
+    """Inputs of a forward call on the model's device, but `name` on the meta device. Labels only where they are the
+    input on meta: on the CPU their ids are read (check_token_ids)."""
+    ids = torch.tensor([[5, 6, 2]])
+    embeds = torch.randn(1, 3, model.config.d_model)
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), decoder_input_ids=ids, labels=ids)
+    inputs |= dict(decoder_attention_mask=torch.ones_like(ids))
+    if name != "labels":
+        del inputs["labels"]
+    if name.endswith("inputs_embeds"):  # in place of the ids of its side
+        del inputs[name.replace("inputs_embeds", "input_ids")]
+        inputs[name] = embeds
+    if name == "encoder_outputs":
+        del inputs["input_ids"]
+        inputs[name] = BaseModelOutput(last_hidden_state=embeds.to("meta"))
+    else:
+        inputs[name] = inputs[name].to("meta")
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "input_ids",
+        "attention_mask",
+        "inputs_embeds",
+        "encoder_outputs",
+        "decoder_input_ids",
+        "decoder_attention_mask",
+        "decoder_inputs_embeds",
+        "labels",
+    ],
+)
+def test_an_input_on_another_device_than_the_weights_is_refused_before_the_embedding(name, monkeypatch) -> None:
+    """Ids on the meta device, the weights on the CPU, came out as CPU logits, a third of them NaN and the rest
+    garbage. The check compares devices: it reads no value on the host (on an accelerator, a wait for the device)."""
+    model = random_model(0)
+    inputs = inputs_with_one_on_meta(model, name)
+
+    def embedded(*args, **kwargs):
+        raise AssertionError("the inputs were embedded")
+
+    monkeypatch.setattr(modeling_vaswani.VaswaniEmbeddings, "forward", embedded)
+    reads = count_host_reads(monkeypatch)
+    with pytest.raises(UsageError, match=f"^{name} is on meta, the model's weights on cpu: move it to model.device$"):
+        model(**inputs)
+    assert reads == {}
+
+
+def test_generate_refuses_a_source_on_another_device_than_the_weights(monkeypatch) -> None:
+    model = random_model(0)
+    monkeypatch.setattr(modeling_vaswani.VaswaniEmbeddings, "forward", None)  # an embedding would be a TypeError
+    for source in (
+        dict(input_ids=torch.tensor([[5, 6, 2]], device="meta")),
+        dict(inputs_embeds=torch.randn(1, 3, model.config.d_model, device="meta")),
+    ):
+        with pytest.raises(UsageError, match="is on meta, the model's weights on cpu"):
+            model.generate(**source, max_new_tokens=2)
+    with pytest.raises(UsageError, match="^input_ids is on meta, the model's weights on cpu"):
+        hf_vaswani.generate(model, torch.tensor([[5, 6, 2]], device="meta"), max_new_tokens=2)
+    with pytest.raises(UsageError, match="^attention_mask is on meta"):
+        model.generate(torch.tensor([[5, 6, 2]]), attention_mask=torch.ones(1, 3, device="meta"), max_new_tokens=2)
+
+
+def test_weights_offloaded_by_accelerate_take_inputs_on_its_execution_device() -> None:
+    """accelerate's offloading keeps the weights on the meta device until its hooks bring them, and the inputs, to the
+    execution device: inputs there are the model's, and give the logits of the model before offloading."""
+    model = random_model(0).eval()
+    ids = torch.tensor([[5, 6, 2]])
+    with torch.no_grad():
+        expected = model(input_ids=ids, decoder_input_ids=ids).logits
+        cpu_offload(model, execution_device="cpu")
+        assert model.get_input_embeddings().weight.device.type == "meta"
+        torch.testing.assert_close(model(input_ids=ids, decoder_input_ids=ids).logits, expected, rtol=0, atol=0)
