@@ -79,8 +79,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         if optional:  # `X | None`: the option takes an X, or none
             (kind,) = (member for member in typing.get_args(kind) if member is not type(None))
         kind = typing.get_origin(kind) or kind  # dict[str, Any] -> dict
-        if kind is bool:
-            options["action"] = "store_true"
+        if kind is bool:  # `bool | None`: --flag and --no-flag, neither leaving the choice to the setting's None
+            options["action"] = argparse.BooleanOptionalAction if optional else "store_true"
         elif kind is dict:
             options.update(type=parse_override, action=MergeKeyValue)
         else:

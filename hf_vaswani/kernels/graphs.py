@@ -19,5 +19,12 @@ STEP_COMPILATION: dict[str, dict[str, Any]] = {"cuda": {"mode": "reduce-overhead
 
 @cache
 def captured(step: Callable, device_type: str) -> Callable:
-    """`step` compiled as one graph for `device_type`'s devices, captured in CUDA graphs there."""
-    return torch.compile(step, fullgraph=True, **STEP_COMPILATION.get(device_type, {}))
+    """`step` compiled as one graph for `device_type`'s devices, captured in CUDA graphs there. Each call is a new step
+    of CUDA graph trees: the last step's outputs are read by then, and their memory is the next step's to reuse."""
+    compiled = torch.compile(step, fullgraph=True, **STEP_COMPILATION.get(device_type, {}))
+
+    def replayed(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return replayed

@@ -212,7 +212,10 @@ class RecipeSettings:
             "kernels rather than those measured fastest here (a machine's load can change that choice)"
         },
     )
-    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision"})
+    bf16: bool = field(
+        default=False,
+        metadata={"help": "bf16 mixed precision (the default on a CUDA GPU that supports it, unless --fp32)"},
+    )
     bf16_if_faster: bool = field(
         default=False,
         metadata={
@@ -222,11 +225,15 @@ class RecipeSettings:
         },
     )
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with loss scaling (GPU)"})
-    torch_compile: bool = field(
-        default=False,
+    fp32: bool = field(
+        default=False, metadata={"help": "float32 throughout, also on a CUDA GPU, where bf16 is the default"}
+    )
+    torch_compile: bool | None = field(
+        default=None,
         metadata={
-            "help": "train the model compiled by torch.compile (Trainer's torch_compile; the first steps compile it): "
-            "for a GPU"
+            "help": "train the model compiled by torch.compile (Trainer's torch_compile; the first steps compile it), "
+            "its batches padded to few shapes, and on a CUDA GPU its steps captured in CUDA graphs; None: compiled on "
+            "a CUDA GPU, eager elsewhere"
         },
     )
     bpe_dropout: float | None = field(
@@ -287,7 +294,7 @@ class RecipeSettings:
                 f"{setting_flag('cooldown_steps')} ({self.cooldown_steps}) is larger than {setting_flag('max_steps')} "
                 f"({self.max_steps})"
             )
-        precisions = [name for name in ("bf16", "bf16_if_faster", "fp16") if getattr(self, name)]
+        precisions = [name for name in ("bf16", "bf16_if_faster", "fp16", "fp32") if getattr(self, name)]
         if len(precisions) > 1:
             raise UsageError(f"{' and '.join(map(setting_flag, precisions))} exclude each other")
         if not 0 <= self.label_smoothing < 1:

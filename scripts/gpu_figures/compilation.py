@@ -17,20 +17,22 @@ VARIANTS = ("eager", "compiled", "captured")
 STATIC_COMPILED = dict(cache_implementation="static", disable_compile=True)
 
 
-def unavailable(variant: str, device: torch.device) -> str | None:
-    """Why `variant` does not run on `device`; None where it does."""
+def unavailable(variant: str, device: torch.device, package_loop: bool = False) -> str | None:
+    """Why `variant` does not run on `device` (of the package loop, where `package_loop`); None where it does."""
     if variant == "captured" and device.type != "cuda":
         return 'mode="reduce-overhead" captures CUDA graphs: CUDA only'
+    if package_loop and variant != "eager" and device.type == "cpu":
+        return "the package loop compiles its steps on an accelerator only"
     return None
 
 
-def compile_options(variant: str, device: torch.device, cpu_backend: str = "aot_eager") -> dict[str, Any] | None:
-    """torch.compile's options for `variant` on `device`, None for eager. On a CPU `cpu_backend`: aot_eager traces the
-    forward and backward graphs and builds no code; "eager" runs dynamo alone."""
+def compile_options(variant: str, device: torch.device) -> dict[str, Any] | None:
+    """torch.compile's options for `variant` on `device`, None for eager. On a CPU aot_eager: it traces the forward and
+    backward graphs and builds no code."""
     if variant == "eager":
         return None
-    if device.type != "cuda":
-        return {"backend": cpu_backend}
+    if device.type == "cpu":
+        return {"backend": "aot_eager"}
     return {"backend": "inductor", **({"mode": "reduce-overhead"} if variant == "captured" else {})}
 
 

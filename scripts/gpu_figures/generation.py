@@ -25,7 +25,9 @@ from speed_comparison import (
 
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani import generate as package_generate
+from hf_vaswani.decoding import search
 from hf_vaswani.decoding.search import covered_request
+from hf_vaswani.kernels import graphs
 
 from .compilation import STATIC_COMPILED, VARIANTS, compile_options, compiled_forward, described, unavailable
 from .names import DECODING_FIGURE, MARIAN, PACKAGE_LOOP, TRANSFORMERS_LOOP, item, shape_name
@@ -42,23 +44,23 @@ def body(section: Section) -> None:
     for batch, beams in decoding_shapes(run.sizes):
         shape, inputs = shape_name(batch, beams), decoding_inputs(run, ids[:batch], mask[:batch], beams)
         eager = {
-            PACKAGE_LOOP: partial(package_loop, ours, inputs),
+            PACKAGE_LOOP: partial(package_loop_speed, run, ours, inputs, "eager"),
             TRANSFORMERS_LOOP: partial(transformers_loop, ours, **inputs, **SEARCH_AS_TRANSFORMERS),
             MARIAN: partial(transformers_loop, marian, **inputs),
         }
         for system, decode in eager.items():
-            measurement = partial(decoding_figures, run, system, decode)
+            measurement = decode if system == PACKAGE_LOOP else partial(decoding_figures, run, system, decode)
             section.measure(item(shape, system, "eager"), 10 if system == PACKAGE_LOOP else 20, measurement)
         if (batch, beams) not in compiled_shapes:
             continue
         for variant in VARIANTS[1:]:
             compiled = (
-                (PACKAGE_LOOP, partial(compiled_package_loop_speed, run, ours, inputs, variant), 60),
+                (PACKAGE_LOOP, partial(package_loop_speed, run, ours, inputs, variant), 60),
                 (MARIAN, partial(compiled_transformers_speed, run, marian, inputs, variant), 90),
             )
             for system, measurement, estimate in compiled:
                 name = item(shape, system, variant)
-                if why_not := unavailable(variant, run.device):
+                if why_not := unavailable(variant, run.device, system == PACKAGE_LOOP):
                     section.record(name, {"skipped": why_not})
                 else:
                     section.measure(name, estimate, partial(skipped_if_it_fails, measurement))
@@ -130,44 +132,37 @@ def package_loop(model: VaswaniForConditionalGeneration, inputs: dict[str, Any])
 
 
 @contextmanager
-def compiled_decoder_step(
-    model: VaswaniForConditionalGeneration, options: dict[str, Any], cuda: bool
-) -> Iterator[None]:
-    """The decoder's forward under torch.compile with `options`, for the package loop (which calls the decoder a token
-    at a time). Each call's first step stays eager: it fills the cross-attention cache and creates the static cache's
-    tensors (marked as static addresses only outside a compiled region, which CUDA graphs need). On CUDA the cache is
-    static: one shape, dynamic=False; on a CPU it grows a step at a time."""
-    decoder = model.model.decoder
-    original = decoder.forward
+def package_steps(variant: str) -> Iterator[None]:
+    """The package loop's steps after each call's first as `variant` runs them on an accelerator (kernels/graphs.py):
+    eager, not compiled; compiled by inductor without CUDA graphs; or captured, the package's default (CUDA graphs).
+    Compiled afresh: far from dynamo's recompile limit however many shapes came before."""
     torch._dynamo.reset()
-    compiled = torch.compile(original, **options, **({"dynamic": False} if cuda else {}))
-    captured = options.get("mode") == "reduce-overhead"
-
-    def forward(*args: Any, cache: Any = None, **kwargs: Any) -> Any:
-        if cache is None or not cache.self_attention_cache.is_initialized:
-            return original(*args, cache=cache, **kwargs)
-        if captured:
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are read already
-        return compiled(*args, cache=cache, **kwargs)
-
-    decoder.forward = forward
+    graphs.captured.cache_clear()
+    compilation, captured = dict(graphs.STEP_COMPILATION), search.captured
+    if variant == "eager":
+        search.captured = lambda step, device_type: step
+    elif variant == "compiled":
+        graphs.STEP_COMPILATION["cuda"] = {}
     try:
         yield
     finally:
-        del decoder.forward
+        graphs.STEP_COMPILATION.clear()
+        graphs.STEP_COMPILATION.update(compilation)
+        search.captured = captured
+        graphs.captured.cache_clear()
         torch._dynamo.reset()
 
 
-def compiled_package_loop_speed(
+def package_loop_speed(
     run: Run, model: VaswaniForConditionalGeneration, inputs: dict[str, Any], variant: str
 ) -> dict[str, Any]:
-    """The package loop with its decoder step compiled (on a CPU by dynamo alone), checked against the eager loop."""
-    eager = package_loop(model, inputs)
-    options = compile_options(variant, run.device, cpu_backend="eager")
-    with compiled_decoder_step(model, options, run.device.type == "cuda"):
+    """The package loop with its steps as `variant` runs them, checked against the eager loop."""
+    with package_steps("eager"):
+        eager = package_loop(model, inputs)
+    with package_steps(variant):
         figures, output = decoding_speed(run, PACKAGE_LOOP, partial(package_loop, model, inputs), warmup=2)
     figures["equal to the eager loop"] = output.shape == eager.shape and torch.equal(output, eager)
-    return {**figures, **described(options)}
+    return {**figures, "steps": variant}
 
 
 def compiled_transformers_speed(
