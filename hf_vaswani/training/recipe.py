@@ -427,12 +427,28 @@ def training_arguments(settings: RecipeSettings, output_dir: Path, precision: st
         full_determinism=settings.full_determinism,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        torch_compile=torch.cuda.is_available() if settings.torch_compile is None else settings.torch_compile,
+        torch_compile=compiles(settings),
+        torch_compile_mode=compile_mode(settings),
         # On a GPU: fp32 products on TF32 tensor cores, and batches made by two workers while it computes. On a CPU
         # the cores that would make them train.
         tf32=torch.cuda.is_available() and is_torch_tf32_available(),
         dataloader_num_workers=2 if torch.cuda.is_available() else 0,
     )
+
+
+def compiles(settings: RecipeSettings) -> bool:
+    """Whether the run trains the model compiled: as set, else on a CUDA GPU."""
+    return torch.cuda.is_available() if settings.torch_compile is None else settings.torch_compile
+
+
+def compile_mode(settings: RecipeSettings) -> str | None:
+    """torch.compile's mode of a compiled run: on a CUDA GPU with one batch an update, "reduce-overhead", each step's
+    kernels captured in CUDA graphs and replayed in one launch (a small model's step is otherwise bound by launching
+    them one by one; VaswaniTrainer bounds the batch shapes graphs are kept for); else the default. Not with gradient
+    accumulation: CUDA graph trees give the first micro-batch's gradients to `.grad` in the graphs' memory, which the
+    next micro-batch's replay overwrites (pytorch#169545), so the accumulated gradients would be wrong."""
+    captures = compiles(settings) and torch.cuda.is_available() and settings.update_freq == 1
+    return "reduce-overhead" if captures else None
 
 
 def check_epoch_checkpoints(settings: RecipeSettings, updates_per_epoch: int) -> None:

@@ -51,9 +51,6 @@ def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrai
         # Trainer's filter reads every step's loss on the host, a wait for an accelerator each step; a step whose loss
         # is not finite shows as such in the logged loss and nll_loss.
         logging_nan_inf_filter=False,
-        # Compiled on a GPU, the step's kernels are captured in CUDA graphs and replayed: a small model's step is
-        # otherwise bound by launching them one by one (VaswaniTrainer bounds the batch shapes graphs are kept for).
-        torch_compile_mode="reduce-overhead" if torch.cuda.is_available() else None,
     )
     arguments = {**settings, **overrides}
     if arguments.get("bf16") and arguments["use_cpu"] and not cpu_bf16_matmul_works():

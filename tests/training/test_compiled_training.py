@@ -22,7 +22,7 @@ from hf_vaswani.cli import build_parser, settings_from_args
 from hf_vaswani.data.batching import TokenBatchSampler
 from hf_vaswani.data.tokenization import train_shared_bpe
 from hf_vaswani.training import precision
-from hf_vaswani.training.recipe import training_arguments
+from hf_vaswani.training.recipe import compile_mode, compiles, training_arguments
 from hf_vaswani.training.settings import DEMO_SETTINGS
 from hf_vaswani.training.trainer import SHAPE_MULTIPLE, VaswaniTrainer, paper_training_arguments
 
@@ -150,16 +150,22 @@ def test_the_published_recipes_batches_take_at_most_64_shapes_in_five_epochs(tmp
 
 
 def test_on_a_cuda_gpu_training_is_compiled_and_bf16_by_default(monkeypatch, tmp_path) -> None:
-    """With no setting of their own: eager and float32 on the CPU, and bf16 on a CUDA GPU that supports it; the
-    options --torch-compile and --no-torch-compile, --fp32, say otherwise."""
+    """With no setting of their own: eager and float32 on the CPU; on a CUDA GPU compiled, captured in CUDA graphs
+    with one batch an update, and bf16 where it supports it; --torch-compile and --no-torch-compile, --fp32, say
+    otherwise."""
     cpu = training_arguments(DEMO_SETTINGS, tmp_path, precision.training_precision(DEMO_SETTINGS))
     assert DEMO_SETTINGS.torch_compile is None and not cpu.torch_compile and not cpu.bf16
     compiled = replace(DEMO_SETTINGS, torch_compile=True)
     assert training_arguments(compiled, tmp_path, "fp32").torch_compile
+    assert compile_mode(compiled) is None  # no CUDA graphs off CUDA
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CUDA GPU")
     assert precision.training_precision(DEMO_SETTINGS) == "bf16"
+    assert compiles(DEMO_SETTINGS) and compile_mode(DEMO_SETTINGS) == "reduce-overhead"  # captured in CUDA graphs
+    # but not where gradients accumulate over micro-batches, nor where not compiled
+    assert compile_mode(replace(DEMO_SETTINGS, update_freq=2)) is None
+    assert compile_mode(replace(DEMO_SETTINGS, torch_compile=False)) is None
     parser = build_parser()
     train = ["train", "--output-dir", str(tmp_path)]
     assert parser.parse_args(train).torch_compile is None
