@@ -198,11 +198,12 @@ def take_tensors_as_on_an_accelerator(
     monkeypatch: pytest.MonkeyPatch, step_backend: str | Callable = "aot_eager"
 ) -> None:
     """Every tensor taken for one on an accelerator by the code that asks (`values_wait_for_device`); decoding steps,
-    captured there, compiled as on an accelerator but by `step_backend` (not inductor: its CPU compilation takes long)
-    and without dynamic shapes, so that each recompilation shows."""
+    captured there, compiled as on an accelerator but by `step_backend` (not inductor: its CPU compilation takes long),
+    as one graph (fullgraph: a break fails) and without dynamic shapes, so that each recompilation shows."""
     for module in (checks_vaswani, loss_vaswani, modeling_vaswani, search):
         monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
-    monkeypatch.setitem(graphs.STEP_COMPILATION, "cpu", {"backend": step_backend, "dynamic": False})
+    monkeypatch.setitem(graphs.STEP_COMPILATION, "cpu", {"backend": step_backend, "dynamic": False, "fullgraph": True})
+    torch._dynamo.reset()  # far from the recompilation limit, whatever the tests before compiled
     graphs.captured.cache_clear()  # compiled afresh with these options, and again after the test
     monkeypatch.setattr(graphs, "captured", cache(graphs.captured.__wrapped__))
 

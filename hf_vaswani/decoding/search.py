@@ -220,8 +220,9 @@ class Decoder:
         # positions made so far, and the steps run eagerly.
         self.steps_captured = values_wait_for_device(self.encoder_states)
         if self.steps_captured:
+            rows = request.source_ids.shape[0] * request.config.num_beams
             cache_length = -(-request.max_length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
-            self_attention = StaticCache(config=model.config, max_cache_len=cache_length)
+            self_attention = static_cache(model, rows, cache_length, self.encoder_states)
         else:
             self_attention = DynamicCache(config=model.config)
         self.cache = EncoderDecoderCache(self_attention, DynamicCache(config=model.config))
@@ -341,12 +342,44 @@ def column_positions(request: Request, ids: torch.Tensor) -> torch.Tensor:
     return positions[request.columns[positions] == ids]
 
 
+# Per model, the static caches of its last calls on an accelerator, for the next call of the same shape: a captured
+# step reads a cache at the addresses it was recorded with, and a new cache each call would record its graphs again.
+# A call takes its cache out, so that two calls at once never share one, and puts it back unless it returns it.
+SPARE_STATIC_CACHES: WeakKeyDictionary = WeakKeyDictionary()
+SPARE_STATIC_CACHES_KEPT = 4  # a model's; the oldest goes first
+
+
+def static_cache(
+    model: VaswaniForConditionalGeneration, rows: int, length: int, encoder_states: torch.Tensor
+) -> StaticCache:
+    """A self-attention cache of `rows` x `length` positions: a spare one of the model's, emptied, or a new one."""
+    spare = SPARE_STATIC_CACHES.get(model, {}).pop((rows, length), None)
+    if spare is None:
+        return StaticCache(config=model.config, max_cache_len=length)
+    keys = spare.layers[0].keys
+    if (keys.dtype, keys.device) != (encoder_states.dtype, encoder_states.device):  # the model was moved or cast
+        return StaticCache(config=model.config, max_cache_len=length)
+    spare.reset()
+    return spare
+
+
+def keep_static_cache(model: VaswaniForConditionalGeneration, cache: DynamicCache | StaticCache) -> None:
+    """`cache` kept as a spare of the model's, if static."""
+    if not isinstance(cache, StaticCache) or not cache.layers[0].is_initialized:
+        return
+    spares = SPARE_STATIC_CACHES.setdefault(model, {})
+    spares[(cache.layers[0].keys.shape[0], cache.layers[0].max_cache_len)] = cache
+    while len(spares) > SPARE_STATIC_CACHES_KEPT:
+        del spares[next(iter(spares))]
+
+
 @torch.no_grad()
 def decode(model: VaswaniForConditionalGeneration, request: Request):
     """What `model.generate` returns for `request`."""
     search = greedy_search if request.config.num_beams == 1 else beam_search
     output = search(model, request)
     if not request.config.return_dict_in_generate:
+        keep_static_cache(model, output.cache.self_attention_cache)
         return output.sequences
     copy_shared_cross_attention_cache(output.cache)
     return output
