@@ -11,6 +11,7 @@ from huggingface_hub.errors import HFValidationError, StrictDataclassError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from transformers import (
+    AutoConfig,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     GenerationConfig,
@@ -27,6 +28,7 @@ from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import check_generation_settings
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..training.checkpoints import has_sharded_weights, read_sharded_weights
 
 
 def check_device(device: str) -> torch.device:
@@ -151,8 +153,9 @@ def load_model_folder(
 
     config.json is read as plain JSON first. Model type "vaswani" loads with this package's classes, whatever Python
     files lie in the folder; another model type is refused unless `trust_remote_code`, which hands the folder to the
-    Auto classes and so runs its code. Weights are read from safetensors only (a pickle can run code too) and must
-    match the config exactly. Every refusal is a ValueError naming the folder and the cause in one line. This
+    Auto classes and so runs its code. Weights are read from safetensors only (a pickle can run code too), or, in a
+    Trainer checkpoint of weights sharded by FSDP, through torch's distributed checkpoint API; they must match the
+    config exactly. Every refusal is a ValueError naming the folder and the cause in one line. This
     package's model gets its CPU kernels (`kernelize`). `dtype` (a DTYPES name) is the float type of its weights and
     computation; int8 quantizes float32 weights.
     """
@@ -175,15 +178,25 @@ def load_model_folder(
             check_config(path, config_dict)
             check_generation_config(path)
     model_class = VaswaniForConditionalGeneration if model_type == VaswaniConfig.model_type else AutoModelForSeq2SeqLM
+    sharded = Path(path).is_dir() and has_sharded_weights(Path(path))
     try:
         with transformers_reports_silenced():
+            source = {}
+            if sharded:  # its config and its sharded weights read whole, in the place of a weights file
+                config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+                source = {"config": config, "state_dict": read_sharded_weights(Path(path))}
             model, loading_info = model_class.from_pretrained(
-                path,
+                None if sharded else path,
+                **source,
                 trust_remote_code=trust_remote_code,
                 use_safetensors=True,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,  # reported in loading_info and refused below, instead of a traceback
             )
+            if sharded:  # given no folder, from_pretrained names none and makes transformers' generation config
+                model.name_or_path = model.config.name_or_path = str(path)
+                if (Path(path) / "generation_config.json").is_file():
+                    model.generation_config = GenerationConfig.from_pretrained(path)
     except SafetensorError as error:
         raise UsageError(f"the weights of {path} (model.safetensors) are damaged: {error}") from None
     except OSError as error:  # no weights file, or not a safetensors one

@@ -349,6 +349,16 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         layers = [module for module in self.modules() if isinstance(module, VaswaniMultiHeadAttention)]
         return [projection for layer in layers for projection in (layer.q_proj, layer.k_proj, layer.v_proj)]
 
+    def tie_weights(self, missing_keys: set[str] | None = None, recompute_mapping: bool = True) -> None:
+        super().tie_weights(missing_keys=missing_keys, recompute_mapping=recompute_mapping)
+        # §3.4's one embedding layer for source and target: one module as well, once transformers has tied its weight
+        # (it ties none while it loads). Wrappers that group modules by get_input_embeddings (accelerate's FSDP2) then
+        # meet every use of it, the output projection's included where it is tied too.
+        for model in [module for module in self.modules() if isinstance(module, VaswaniModel)]:
+            source, target = model.encoder.get_input_embeddings(), model.decoder.get_input_embeddings()
+            if model.config.share_embeddings and source.weight is target.weight:
+                model.decoder.set_input_embeddings(source)
+
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         # transformers applies `_tied_weights_keys` only under config.tie_word_embeddings, but sharing the source and
         # target embeddings (§3.4) is a switch of its own: the mapping built in __init__ already reflects both.

@@ -3,7 +3,8 @@
 "For the base models, we used a single model obtained by averaging the last 5 checkpoints, which were written at
 10-minute intervals. For the big models, we averaged the last 20 checkpoints."
 
-Works on the ``checkpoint-<step>`` folders that ``transformers.Trainer`` writes (or any ``save_pretrained`` folder):
+Works on the ``checkpoint-<step>`` folders that ``transformers.Trainer`` writes, their weights whole or sharded by FSDP
+(or on any ``save_pretrained`` folder):
 
     from hf_vaswani.training.averaging import average_checkpoints, last_checkpoints
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import numbers
 import os
 import re
 import shutil
@@ -27,6 +29,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..model.errors_vaswani import UsageError
+from .checkpoints import (
+    MODEL_CONFIG,
+    SHARDED_WEIGHTS,
+    has_sharded_weights,
+    read_sharded_weights,
+    sharded_weight_shapes,
+)
 
 __all__ = ["average_checkpoints", "last_checkpoints"]
 
@@ -83,10 +92,11 @@ def last_checkpoints(output_dir: str | Path, n: int, up_to_step: int | None = No
 
     Raises:
         FileNotFoundError: ``output_dir`` is not a directory.
-        ValueError: ``n < 1`` or there is no checkpoint folder at all (at or before ``up_to_step``).
+        ValueError: ``n`` is not a whole number of at least 1, or there is no checkpoint folder at all (at or before
+            ``up_to_step``).
     """
-    if n < 1:
-        raise UsageError(f"n must be at least 1, got {n}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise UsageError(f"n must be a whole number of checkpoints, at least 1, got {n!r}")
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"{output_dir} is not a directory")
@@ -139,7 +149,7 @@ def _check_same_model_files(first: Path, checkpoint: Path) -> None:
 
 
 def _weight_files(checkpoint: Path) -> dict[str, Path]:
-    """Maps each tensor name of a checkpoint to the safetensors file holding it."""
+    """Maps each tensor name of a checkpoint of whole weights to the safetensors file holding it."""
     single = checkpoint / WEIGHTS_NAME
     index = checkpoint / WEIGHTS_INDEX_NAME
     if single.is_file():
@@ -148,11 +158,15 @@ def _weight_files(checkpoint: Path) -> dict[str, Path]:
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
         return {name: checkpoint / shard for name, shard in weight_map.items()}
-    raise FileNotFoundError(f"{checkpoint} holds neither {WEIGHTS_NAME} nor {WEIGHTS_INDEX_NAME}")
+    raise FileNotFoundError(f"{checkpoint} holds neither {WEIGHTS_NAME} nor {WEIGHTS_INDEX_NAME} nor {SHARDED_WEIGHTS}")
 
 
-def _headers(files: dict[str, Path]) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
+def _headers(checkpoint: Path) -> tuple[dict[str, tuple[list[int], str]], dict[str, str]]:
     """Shape and dtype of every tensor, and the file metadata, read from the headers without loading any tensor."""
+    if has_sharded_weights(checkpoint):
+        shapes = sharded_weight_shapes(checkpoint)
+        return {name: (list(shape), str(dtype).removeprefix("torch.")) for name, (shape, dtype) in shapes.items()}, {}
+    files = _weight_files(checkpoint)
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
         by_file.setdefault(path, []).append(name)
@@ -188,7 +202,10 @@ def _check_compatible(
             )
 
 
-def _tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
+def _tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    if has_sharded_weights(checkpoint):
+        return read_sharded_weights(checkpoint)
+    files = _weight_files(checkpoint)
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
         by_file.setdefault(path, []).append(name)
@@ -214,10 +231,14 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     """Writes the element-wise mean of the checkpoints' weights to ``output_dir`` as a loadable model folder.
 
     Each checkpoint is a ``save_pretrained`` folder with ``model.safetensors`` or a sharded
-    ``model.safetensors.index.json``. All must hold the same tensor names, shapes and dtypes. Floating-point tensors are
+    ``model.safetensors.index.json``, or a Trainer checkpoint of weights sharded by FSDP (FSDP1's SHARDED_STATE_DICT,
+    FSDP2's default; accelerate's ``pytorch_model_fsdp_0`` folder), read through torch's distributed checkpoint API in
+    this process alone; the last of those must hold the model's config.json (CheckpointAveragingCallback writes it).
+    All must hold the same tensor names, shapes and dtypes. Floating-point tensors are
     summed in float64 and the mean is cast back to the original dtype, so averaging many bf16/fp16 checkpoints loses no
     precision on the way; integer and boolean tensors (counters, masks) have no meaningful mean and must be identical.
-    Tied weights are stored once by ``save_pretrained`` and so stay tied after loading.
+    Tied weights are stored once by ``save_pretrained`` and so stay tied after loading; sharded checkpoints hold them
+    under each of their names, and so does an average of them, each name the same values.
 
     The result is a single ``model.safetensors`` with the first file's metadata (``{"format": "pt"}``), plus every other
     file of the *last* checkpoint that makes the folder loadable (config, generation config, tokenizer, remote-code
@@ -230,7 +251,7 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
         ValueError: no checkpoints (or one path instead of a list), mismatched tensors (naming the checkpoint and
             the tensor), differing integer tensors, differing tokenizer files or configs, a truncated weights file
             (naming it), or ``output_dir`` is one of the checkpoints.
-        FileNotFoundError: a checkpoint has no safetensors weights.
+        FileNotFoundError: a checkpoint has neither safetensors weights nor sharded ones.
     """
     if isinstance(checkpoints, (str, os.PathLike)):  # a str is a Sequence too: each character would be a folder
         raise UsageError(f"checkpoints must be a list of checkpoint folders, not one path: pass [{str(checkpoints)!r}]")
@@ -241,20 +262,29 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
     if any(output_dir.resolve() == path.resolve() for path in paths):
         raise UsageError(f"output_dir {output_dir} is one of the checkpoints being averaged; choose a new folder")
 
+    sharded = [has_sharded_weights(path) for path in paths]
+    if any(sharded) and not all(sharded):
+        whole = paths[sharded.index(False)]
+        raise UsageError(f"checkpoint {paths[sharded.index(True)]} holds sharded weights and {whole} whole ones")
+    if sharded[-1] and not (paths[-1] / MODEL_CONFIG).is_file():
+        raise UsageError(
+            f"checkpoint {paths[-1]} holds sharded weights and no {MODEL_CONFIG} (Trainer writes none beside them; "
+            "CheckpointAveragingCallback does): their average would be no model folder"
+        )
+
     # Check every header before reading any tensor, so a mismatch fails fast on large checkpoints.
-    files = [_weight_files(path) for path in paths]
-    reference, metadata = _headers(files[0])
-    for path, checkpoint_files in zip(paths[1:], files[1:], strict=True):
-        _check_compatible(reference, _headers(checkpoint_files)[0], paths[0], path)
+    reference, metadata = _headers(paths[0])
+    for path in paths[1:]:
+        _check_compatible(reference, _headers(path)[0], paths[0], path)
         _check_same_model_files(paths[0], path)
 
     # Streaming one checkpoint at a time keeps memory at one float64 copy plus one checkpoint, whatever their number.
-    first = _tensors(files[0])
+    first = _tensors(paths[0])
     dtypes = {name: tensor.dtype for name, tensor in first.items()}
     sums = {name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor for name, tensor in first.items()}
     del first
-    for path, checkpoint_files in zip(paths[1:], files[1:], strict=True):
-        for name, tensor in _tensors(checkpoint_files).items():
+    for path in paths[1:]:
+        for name, tensor in _tensors(path).items():
             if dtypes[name].is_floating_point:
                 sums[name] += tensor.to(torch.float64)
             elif not torch.equal(sums[name], tensor):

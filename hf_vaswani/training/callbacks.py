@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..data.batching import TokenBatchSampler
 from ..decoding.metrics import corpus_scores, lowercased_tokenized_bleu
@@ -16,6 +17,7 @@ from ..decoding.translation import translate
 from ..files import replace_folder
 from ..model.errors_vaswani import UsageError
 from .averaging import average_checkpoints, last_checkpoints
+from .checkpoints import has_sharded_weights
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,9 @@ class CheckpointAveragingCallback(TrainerCallback):
     With `end_at_best_validation`, the average ends at the step of the best validation BLEU that
     `ValidationBleuCallback` logged (early stopping trains on past it) instead of at the last checkpoint. Keep
     `save_total_limit` (if set) large enough for the checkpoints averaged, or they are gone before the average.
+
+    A checkpoint of weights sharded by FSDP gets the model's config, generation config and tokenizer beside them as it
+    is saved: Trainer writes those only beside whole weights, and the average of such checkpoints is a model folder.
     """
 
     def __init__(
@@ -36,6 +41,17 @@ class CheckpointAveragingCallback(TrainerCallback):
         self.end_at_best_validation = end_at_best_validation
         self.averaged_path: Path | None = None
         self.checkpoints: list[Path] = []  # those averaged, oldest first
+
+    def on_save(self, args, state, control, model=None, processing_class=None, **kwargs) -> None:
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and has_sharded_weights(checkpoint):
+            if processing_class is not None:
+                processing_class.save_pretrained(checkpoint)
+            # FSDP1's wrapper hands on the model's attributes too. config.json last: a checkpoint is complete with it
+            # (checkpoints.checkpoint_problem).
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(checkpoint)
+            model.config.save_pretrained(checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs) -> None:
         if state.is_world_process_zero:

@@ -142,3 +142,25 @@ def test_trainer_load_optimizer_and_scheduler() -> None:
     assert hook is not None, "Trainer._load_optimizer_and_scheduler is gone"
     assert list(inspect.signature(hook).parameters) == ["self", "checkpoint"]
     assert "self._load_optimizer_and_scheduler(" in inspect.getsource(Trainer), "Trainer no longer calls the hook"
+
+
+def test_accelerate_fsdp2_prepare_model_groups_the_input_and_output_embeddings_when_tied() -> None:
+    """FSDP2 through accelerate puts the shared embedding's every use in one group because fsdp2_prepare_model puts
+    get_input_embeddings() in one fully_shard group with get_output_embeddings() when their weights are one, and the
+    model's source and target embeddings are one module (modeling_vaswani's tie_weights). Were accelerate to group
+    otherwise, the decoder's use would land in another group, which FSDP2 refuses at the first step."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    source = inspect.getsource(fsdp2_prepare_model)
+    for read in ("get_input_embeddings", "get_output_embeddings", "input_weight is output_weight"):
+        assert read in source, f"accelerate's fsdp2_prepare_model no longer groups by {read}"
+
+
+def test_accelerate_save_fsdp_model_writes_sharded_weights_where_the_package_reads_them() -> None:
+    """training/checkpoints.py reads a checkpoint's sharded weights from accelerate's folder FSDP_MODEL_NAME_0, saved
+    as {"model": state_dict} (so named "model.<name>" in the distributed checkpoint)."""
+    from accelerate.utils.fsdp_utils import save_fsdp_model
+
+    source = inspect.getsource(save_fsdp_model)
+    assert 'f"{FSDP_MODEL_NAME}_{model_index}"' in source, "accelerate's save_fsdp_model writes elsewhere"
+    assert 'state_dict={"model": state_dict}' in source, "accelerate's save_fsdp_model names the weights otherwise"

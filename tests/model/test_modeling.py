@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from helpers import padded_batch
+from safetensors.torch import save_file
 from tiny import TINY_MODEL, UNEVEN_MODEL
 from torch import nn
 from transformers.utils import find_labels
@@ -321,6 +322,24 @@ def test_three_way_tied_weights_survive_save_and_load(tmp_path) -> None:
 
     with safe_open(tmp_path / "model.safetensors", "pt") as weights:
         assert sum(weights.get_tensor(key).shape == (61, 24) for key in weights.keys()) == 1
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_shared_embedding_is_one_module_once_tied_and_a_lost_one_is_reported_missing(tmp_path, tie: bool) -> None:
+    # One module: accelerate's FSDP2 groups the module get_input_embeddings gives (with the output projection where
+    # they are tied), which then holds every use of the shared embedding. Two modules holding one weight would put
+    # the decoder's use in another group, and FSDP2 refuses a weight in two.
+    model = make_model(**TINY_MODEL, tie_word_embeddings=tie)
+    assert model.model.decoder.get_input_embeddings() is model.get_input_embeddings()
+    model.save_pretrained(tmp_path)
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.model.decoder.get_input_embeddings() is loaded.get_input_embeddings()
+    assert (loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight) is tie
+    # transformers ties no weight while it loads: weights without the embedding report it missing (were the module
+    # shared from the start, transformers' marking of the decoder's weight as one to tie would mark it loaded)
+    save_file({"unrelated": torch.zeros(1)}, tmp_path / "model.safetensors", {"format": "pt"})
+    _, info = VaswaniForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert "model.encoder.embeddings.embed_tokens.weight" in info["missing_keys"]
 
 
 @pytest.mark.parametrize(("share", "tie"), [(False, True), (True, False), (False, False)])

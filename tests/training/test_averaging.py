@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy
 import pytest
 import torch
 from safetensors import safe_open
@@ -14,6 +15,7 @@ from transformers import AutoModelForSeq2SeqLM, TrainerControl, TrainerState
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
 from hf_vaswani import VaswaniForConditionalGeneration
+from hf_vaswani.model.errors_vaswani import UsageError
 from hf_vaswani.training.averaging import average_checkpoints, last_checkpoints
 from hf_vaswani.training.callbacks import CheckpointAveragingCallback
 
@@ -59,6 +61,14 @@ def test_last_checkpoints_refuses_empty_folder_and_bad_n(tmp_path: Path) -> None
         last_checkpoints(tmp_path, 0)
     with pytest.raises(FileNotFoundError):
         last_checkpoints(tmp_path / "missing", 1)
+
+
+@pytest.mark.parametrize("n", ["5", 2.0, True, None, -1])
+def test_last_checkpoints_refuses_a_count_that_is_no_whole_number_in_one_line(run: tuple[Path, list], n) -> None:
+    output_dir, _ = run
+    with pytest.raises(UsageError, match=rf"^n must be a whole number of checkpoints, at least 1, got {n!r}$"):
+        last_checkpoints(output_dir, n)
+    assert [path.name for path in last_checkpoints(output_dir, numpy.int64(1))] == ["checkpoint-100"]
 
 
 def test_last_checkpoints_up_to_a_step(run: tuple[Path, list]) -> None:

@@ -1,5 +1,6 @@
-"""Scaling out: 2-process CPU training through accelerate, DDP and FSDP, equals 1 process with the same global batch;
-exact resume; seeded runs in full_determinism repeat bit for bit, no kernel chosen by timing."""
+"""Scaling out: 2-process CPU training through accelerate (DDP, FSDP1, FSDP2) and Trainer's `fsdp` equals 1 process with
+the same global batch; exact resume; sharded checkpoints averaged and loaded; seeded runs in full_determinism repeat bit
+for bit, no kernel chosen by timing."""
 
 import json
 import os
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tiny import capitalised_pairs
+
+from hf_vaswani.decoding.loading import load_model_folder
+from hf_vaswani.training.checkpoints import SHARDED_WEIGHTS, checkpoint_problem
 
 SCRIPT = Path(__file__).parents[1] / "tiny_training_run.py"
 ACCELERATE_2_CPU_PROCESSES = [
@@ -29,7 +34,20 @@ ACCELERATE_2_CPU_PROCESSES_FSDP = [
     "--fsdp_sync_module_states", "false", "--fsdp_cpu_ram_efficient_loading", "false",
     "--fsdp_state_dict_type", "SHARDED_STATE_DICT", "--mixed_precision", "no", "--dynamo_backend", "no",
 ]  # fmt: skip
+# FSDP2 as accelerate's launcher takes it: its sharded checkpoints (DCP) are FSDP2's default, as is the wrapping of the
+# model's _no_split_modules. The shared embedding, its module given by get_input_embeddings, goes in one group with the
+# output projection, which accelerate finds tied to it.
+ACCELERATE_2_CPU_PROCESSES_FSDP2 = [
+    "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2",
+    "--num_machines", "1", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+    "--fsdp_cpu_ram_efficient_loading", "false", "--mixed_precision", "no", "--dynamo_backend", "no",
+]  # fmt: skip
 STEPS, FSDP_SAVE_EVERY = 4, 2
+TIED = (
+    "model.encoder.embeddings.embed_tokens.weight",
+    "model.decoder.embeddings.embed_tokens.weight",
+    "lm_head.weight",
+)
 
 
 def free_port() -> int:
@@ -83,6 +101,58 @@ def fsdp_run(tmp_path_factory, data_file) -> Path:
     return output
 
 
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory, data_file) -> Path:
+    """2 processes under `accelerate launch --use_fsdp --fsdp_version 2`, checkpoints every FSDP_SAVE_EVERY steps."""
+    output = tmp_path_factory.mktemp("fsdp2")
+    launcher = [*ACCELERATE_2_CPU_PROCESSES_FSDP2, "--main_process_port", str(free_port())]
+    run(launcher + tiny_run(data_file, output, 1, STEPS, FSDP_SAVE_EVERY, 0.0))
+    return output
+
+
+def assert_equal_states(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(state) == sorted(expected)
+    for name in expected:
+        assert torch.equal(state[name], expected[name]), name
+
+
+def assert_equals_one_process(run_folder: Path, single_process_run: Path) -> None:
+    """Both ranks' gathered weights and the logged losses equal one process's, bit for bit, and every row of the tied
+    embedding has moved.
+
+    Bit for bit: every gradient element is a sum of two partial gradients either way (two batches accumulated in one
+    process, or FSDP's reduce-scatter over two ranks), a sum of two float32 terms does not depend on their order, and
+    the scalings by the number of processes are powers of two, exact. (With more processes the order of the sum would
+    matter.) Tied weights (source and target embeddings, output projection) equal one process's, which they would not
+    had sharding split them into parameters of their own or left a rank's rows of them untrained.
+    """
+    single = torch.load(single_process_run / "state_rank0.pt")
+    for rank in (0, 1):
+        assert_equal_states(torch.load(run_folder / f"state_rank{rank}.pt"), single)
+    assert json.loads((run_folder / "losses.json").read_text()) == json.loads(
+        (single_process_run / "losses.json").read_text()
+    )
+    # The vocabulary (1,011) is odd, so the second rank holds 505 rows of the shared embedding and the first 506: each
+    # row is trained (through the output projection's softmax a step reaches every row), the second rank's included.
+    initial, final = torch.load(run_folder / "initial_state.pt"), torch.load(run_folder / "state_rank0.pt")
+    embedding = TIED[0]
+    assert final[embedding].shape[0] % 2 == 1
+    assert (final[embedding] != initial[embedding]).any(dim=1).all()
+    assert all(torch.equal(final[name], final[embedding]) for name in TIED)
+
+
+def assert_average_of_gathered(run_folder: Path) -> None:
+    """The run's average of its last 2 checkpoints (made at its end, in its main process) equals the average of the
+    weights gathered from the processes at those checkpoints, computed alike (in float64, cast back), and loads."""
+    gathered = [torch.load(run_folder / f"state_step{step}.pt") for step in (FSDP_SAVE_EVERY, STEPS)]
+    expected = {name: ((gathered[0][name].double() + gathered[1][name].double()) / 2).float() for name in gathered[0]}
+    averaged = load_file(run_folder / "averaged" / "model.safetensors")
+    for name, tensor in averaged.items():
+        assert torch.equal(tensor, expected[name]), name
+    model, _ = load_model_folder(run_folder / "averaged")
+    assert_equal_states(model.state_dict(), expected)
+
+
 def test_two_processes_through_accelerate_equal_one_process_with_the_same_global_batch(
     tmp_path, data_file, single_process_run
 ) -> None:
@@ -113,32 +183,60 @@ def test_two_processes_under_fsdp_shard_the_model_and_equal_one_process(fsdp_run
     ]
     assert not (checkpoint / "model.safetensors").exists()
     assert (fsdp_run / "fsdp_units.txt").read_text().split() == ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
-
-    single = torch.load(single_process_run / "state_rank0.pt")
-    for rank in (0, 1):
-        gathered = torch.load(fsdp_run / f"state_rank{rank}.pt")
-        assert sorted(gathered) == sorted(single)
-        # Bit for bit: every gradient element is a sum of two partial gradients either way (two batches accumulated
-        # in one process, or FSDP's reduce-scatter over two ranks), a sum of two float32 terms does not depend on
-        # their order, and the scalings by the number of processes are powers of two, exact. (With more processes
-        # the order of the sum would matter.) Tied weights (source and target embeddings, output projection) equal
-        # one process's, which they would not had sharding split them into parameters of their own.
-        for name in single:
-            assert torch.equal(gathered[name], single[name]), name
-    fsdp_losses = json.loads((fsdp_run / "losses.json").read_text())
-    assert fsdp_losses == json.loads((single_process_run / "losses.json").read_text())
+    assert_equals_one_process(fsdp_run, single_process_run)
 
 
-def test_fsdp_run_resumed_from_its_sharded_checkpoint_ends_as_the_uninterrupted_run(tmp_path, data_file, fsdp_run):
+def test_two_processes_under_fsdp2_shard_the_model_and_equal_one_process(fsdp2_run, single_process_run) -> None:
+    # FSDP2's sharded checkpoints: one file of parameters per rank, no whole model. Its units: the layers (by the
+    # model's _no_split_modules), and the shared embedding (one module, the source's and the target's) with the output
+    # projection; the root holds the rest.
+    checkpoint = fsdp2_run / f"checkpoint-{FSDP_SAVE_EVERY}"
+    assert sorted(path.name for path in (checkpoint / SHARDED_WEIGHTS).glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert not (checkpoint / "model.safetensors").exists()
+    units = (fsdp2_run / "fsdp_units.txt").read_text().split()
+    assert units == ["Embedding", "VaswaniEncoderLayer", "VaswaniDecoderLayer", "FastestKernelLinear"]
+    assert_equals_one_process(fsdp2_run, single_process_run)
+
+
+def test_two_processes_under_trainers_fsdp_argument_equal_one_process(tmp_path, data_file, single_process_run) -> None:
+    # Trainer's `fsdp` argument alone: FSDP2 (its default version), whole-model checkpoints (its default state dict),
+    # each with accelerate's optimizer.bin, which a resume takes for complete
+    output = tmp_path / "trainer_fsdp"
+    torchrun = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    run(torchrun + tiny_run(data_file, output, 1, STEPS, FSDP_SAVE_EVERY, 0.0), TRAINER_FSDP="1")
+    assert_equals_one_process(output, single_process_run)
+    assert (output / "fsdp_units.txt").read_text().split()[1:3] == ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+    for step in (FSDP_SAVE_EVERY, STEPS):
+        assert checkpoint_problem(output / f"checkpoint-{step}") is None
+    assert_average_of_gathered(output)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_sharded_checkpoints_are_averaged_as_the_gathered_weights_and_load(fsdp_run, fsdp2_run, version) -> None:
+    run_folder = fsdp_run if version == 1 else fsdp2_run
+    assert_average_of_gathered(run_folder)
+    checkpoint, _ = load_model_folder(run_folder / f"checkpoint-{STEPS}")
+    assert_equal_states(checkpoint.state_dict(), torch.load(run_folder / "state_rank0.pt"))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_fsdp_run_resumed_from_its_sharded_checkpoint_ends_as_the_uninterrupted_run(
+    tmp_path, data_file, fsdp_run, fsdp2_run, version
+) -> None:
+    straight_run, launcher = (fsdp_run, ACCELERATE_2_CPU_PROCESSES_FSDP) if version == 1 else (
+        fsdp2_run, ACCELERATE_2_CPU_PROCESSES_FSDP2)  # fmt: skip
     resumed = tmp_path / "resumed"
-    # the uninterrupted run as it stood when checkpoint FSDP_SAVE_EVERY was complete
-    shutil.copytree(fsdp_run / f"checkpoint-{FSDP_SAVE_EVERY}", resumed / f"checkpoint-{FSDP_SAVE_EVERY}")
-    launcher = [*ACCELERATE_2_CPU_PROCESSES_FSDP, "--main_process_port", str(free_port())]
-    run(launcher + tiny_run(data_file, resumed, 1, STEPS, FSDP_SAVE_EVERY, 0.0, "resume"))
+    # the uninterrupted run as a kill after checkpoint FSDP_SAVE_EVERY leaves it (its callbacks' files written)
+    shutil.copytree(straight_run / f"checkpoint-{FSDP_SAVE_EVERY}", resumed / f"checkpoint-{FSDP_SAVE_EVERY}")
+    run([*launcher, "--main_process_port", str(free_port())]
+        + tiny_run(data_file, resumed, 1, STEPS, FSDP_SAVE_EVERY, 0.0, "resume"))  # fmt: skip
 
-    straight, again = torch.load(fsdp_run / "state_rank0.pt"), torch.load(resumed / "state_rank0.pt")
-    for name in straight:
-        torch.testing.assert_close(again[name], straight[name], atol=0, rtol=0, msg=name)
+    # resumed from it, as the recipe's --resume finds it (a run started afresh would end on the same weights)
+    assert (resumed / "resumed_from.txt").read_text() == f"checkpoint-{FSDP_SAVE_EVERY}"
+    assert_equal_states(torch.load(resumed / "state_rank0.pt"), torch.load(straight_run / "state_rank0.pt"))
 
 
 def test_training_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path, data_file) -> None:
