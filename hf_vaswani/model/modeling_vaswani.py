@@ -651,7 +651,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
                 labels,
                 decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds,
                 self.config.vocab_size,
-                self.lm_head.weight.device,
+                self.get_input_embeddings().weight.device,  # an int8 lm_head's weight is a method
             )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
