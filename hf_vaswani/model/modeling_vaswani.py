@@ -14,12 +14,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -599,6 +601,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
         # transformers 5 has no translation pipeline: saved folders (and push_to_hub) carry ours, so that
         # pipeline("translation", model=folder_or_repo, trust_remote_code=True) works.
         self.config.custom_pipelines = TRANSLATION_PIPELINE
+        own_class = next(cls for cls in type(self).__mro__ if cls.__module__ == __name__)
+        if own_class is not type(self) and own_class.is_remote_code():
+            # A wrapper's class (FSDP2's FSDPVaswaniForConditionalGeneration, defined in torch) would be saved as the
+            # model's code: this file's class is saved instead (custom_object_save reads only an object's class).
+            type(self)._auto_class = None
+            Path(save_directory).mkdir(parents=True, exist_ok=True)
+            custom_object_save(object.__new__(own_class), save_directory, config=self.config)
         super().save_pretrained(save_directory, *args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
