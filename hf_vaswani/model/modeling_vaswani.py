@@ -597,7 +597,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+    def save_pretrained(self, save_directory, is_main_process: bool = True, **kwargs) -> None:
         # transformers 5 has no translation pipeline: saved folders (and push_to_hub) carry ours, so that
         # pipeline("translation", model=folder_or_repo, trust_remote_code=True) works.
         self.config.custom_pipelines = TRANSLATION_PIPELINE
@@ -606,9 +606,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
             # A wrapper's class (FSDP2's FSDPVaswaniForConditionalGeneration, defined in torch) would be saved as the
             # model's code: this file's class is saved instead (custom_object_save reads only an object's class).
             type(self)._auto_class = None
-            Path(save_directory).mkdir(parents=True, exist_ok=True)
-            custom_object_save(object.__new__(own_class), save_directory, config=self.config)
-        super().save_pretrained(save_directory, *args, **kwargs)
+            if is_main_process:
+                Path(save_directory).mkdir(parents=True, exist_ok=True)
+                custom_object_save(object.__new__(own_class), save_directory, config=self.config)
+        super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
