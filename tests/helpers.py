@@ -204,8 +204,8 @@ def take_tensors_as_on_an_accelerator(
         monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
     monkeypatch.setitem(graphs.STEP_COMPILATION, "cpu", {"backend": step_backend, "dynamic": False, "fullgraph": True})
     torch._dynamo.reset()  # far from the recompilation limit, whatever the tests before compiled
-    graphs.captured.cache_clear()  # compiled afresh with these options, and again after the test
-    monkeypatch.setattr(graphs, "captured", cache(graphs.captured.__wrapped__))
+    # compiled afresh with these options, in the test's own cache of compiled steps: the loop's is back after it
+    monkeypatch.setattr(search, "captured", cache(graphs.captured.__wrapped__))
 
 
 def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> Counter:
