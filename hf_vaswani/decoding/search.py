@@ -354,10 +354,8 @@ def static_cache(
 ) -> StaticCache:
     """A self-attention cache of `rows` x `length` positions: a spare one of the model's, emptied, or a new one."""
     spare = SPARE_STATIC_CACHES.get(model, {}).pop((rows, length), None)
-    if spare is None:
-        return StaticCache(config=model.config, max_cache_len=length)
-    keys = spare.layers[0].keys
-    if (keys.dtype, keys.device) != (encoder_states.dtype, encoder_states.device):  # the model was moved or cast
+    kept = None if spare is None else (spare.layers[0].keys.dtype, spare.layers[0].keys.device)
+    if kept != (encoder_states.dtype, encoder_states.device):  # none of that shape, or the model since moved or cast
         return StaticCache(config=model.config, max_cache_len=length)
     spare.reset()
     return spare
