@@ -445,8 +445,9 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool =
             "--dtype",
             choices=["fp32", "bf16", "fp16"],
             default="fp32",
-            help="float type of the weights and computation (bf16 or fp16: about half the memory traffic, on a GPU "
-            "its fast kernels; CPUs without native support emulate them); --int8 goes with fp32",
+            help="float type of the weights and computation (bf16 or fp16: half the memory traffic, and the fast "
+            "kernels of a GPU or of a CPU with AVX512-BF16, AMX or AVX512-FP16, on other CPUs refused); --int8 goes "
+            "with fp32",
         )
     parser.add_argument(
         "--trust-remote-code",

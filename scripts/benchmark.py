@@ -59,8 +59,8 @@ from hf_vaswani import VaswaniConfig
 from hf_vaswani.decoding.shortlist import Shortlist
 from hf_vaswani.kernels.allocator import reuse_freed_memory
 from hf_vaswani.kernels.cpu import kernelize, onednn_product, packed_weights
+from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
 from hf_vaswani.kernels.quantization import quantize_int8
-from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
 PRESETS = {
     "base": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 37000},

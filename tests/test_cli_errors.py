@@ -334,6 +334,23 @@ def test_int8_with_a_half_precision_is_refused(tiny_folder, capfd) -> None:
     refused(capfd, ["translate", str(tiny_folder), "--int8", "--dtype", "bf16"], "int8", "fp32", "bf16")
 
 
+def test_a_float_type_this_cpu_has_no_instructions_for_is_one_line(tiny_folder, tmp_path, capfd, monkeypatch) -> None:
+    from hf_vaswani.kernels import cpu_features
+
+    monkeypatch.setattr(cpu_features, "has_native_instructions", lambda dtype: dtype == torch.float32)
+    text = tmp_path / "text.txt"
+    text.write_text("red cat\n")
+    files = ["--source", str(text)]
+    for dtype, instructions in [("bf16", "AVX512-BF16 or AMX-BF16"), ("fp16", "AVX512-FP16 or AMX-FP16")]:
+        for command in (
+            ["translate"],
+            ["score", *files, "--target", str(text)],
+            ["evaluate", *files, "--reference", str(text)],
+        ):
+            argv = [command[0], str(tiny_folder), *command[1:], "--dtype", dtype]
+            refused(capfd, argv, f"dtype {dtype} on the CPU", instructions, "use fp32")
+
+
 def test_a_bad_device_is_one_line(tiny_folder, capfd) -> None:
     refused(capfd, ["translate", str(tiny_folder), "--device", "gpu7"], "device 'gpu7' is not a torch device")
     refused(capfd, ["translate", str(tiny_folder), "--device", "meta", "--int8"], "int8 inference runs on CPU")

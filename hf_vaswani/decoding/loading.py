@@ -23,6 +23,7 @@ from transformers.utils import logging as transformers_logging
 
 from ..data.tokenization import read_tokenizer_file
 from ..kernels.cpu import kernelize
+from ..kernels.cpu_features import cpu_float_type_problem
 from ..kernels.quantization import quantize_int8
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
@@ -157,7 +158,7 @@ def load_model_folder(
     Trainer checkpoint of weights sharded by FSDP, through torch's distributed checkpoint API; they must match the
     config exactly. Every refusal is a ValueError naming the folder and the cause in one line. This
     package's model gets its CPU kernels (`kernelize`). `dtype` (a DTYPES name) is the float type of its weights and
-    computation; int8 quantizes float32 weights.
+    computation, refused on a CPU without instructions for it; int8 quantizes float32 weights.
     """
     check_device(device)
     if dtype not in DTYPES:
@@ -166,6 +167,8 @@ def load_model_folder(
         raise UsageError(f"int8 inference runs on CPU, not on {device}")
     if int8 and dtype != "fp32":
         raise UsageError(f"int8 quantizes float32 weights: it goes with dtype fp32, not {dtype}")
+    if torch.device(device).type == "cpu" and (problem := cpu_float_type_problem(DTYPES[dtype])):
+        raise UsageError(f"dtype {dtype} on the CPU: {problem}; use fp32")
     config_dict = read_config_dict(path)
     model_type = config_dict.get("model_type")
     if model_type != VaswaniConfig.model_type and not trust_remote_code:

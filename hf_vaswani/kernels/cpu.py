@@ -58,13 +58,13 @@ def kernelize(model: PreTrainedModel) -> PreTrainedModel:
 
 class FastestKernelLinear(nn.Linear):
     """nn.Linear whose float32 CPU products run on the kernel measured fastest, and that multiplies few rows by a
-    pre-packed weight in CPU inference.
+    pre-packed weight (float32 or bfloat16) in CPU inference.
 
     A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
     are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
     by `packed_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
-    multiplies by it instead: the same product up to float rounding (docs/performance.md). Other products go through
-    `LinearByFastestProducts`, which picks each product's kernel by measurement.
+    multiplies by it instead: the same product up to float rounding (docs/performance.md). Other float32 products go
+    through `LinearByFastestProducts`, which picks each product's kernel by measurement.
     """
 
     packed_weight: torch.Tensor | None = None
@@ -77,14 +77,15 @@ class FastestKernelLinear(nn.Linear):
             or not kernels_chosen_by_timing()
             or torch.is_autocast_enabled("cpu")
             or self.weight.device.type != "cpu"
-            or self.weight.dtype != torch.float32
         ):
             return super().forward(input)
-        if self.packed_weight is None or rows > 256 or torch.is_grad_enabled():
-            return LinearByFastestProducts.apply(input, self.weight, self.bias)
-        flat = input.reshape(rows, self.in_features)
-        output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
-        return output.view(*input.shape[:-1], self.out_features)
+        if self.packed_weight is not None and rows <= 256 and not torch.is_grad_enabled():
+            flat = input.reshape(rows, self.in_features)
+            output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
+            return output.view(*input.shape[:-1], self.out_features)
+        if self.weight.dtype != torch.float32:
+            return super().forward(input)
+        return LinearByFastestProducts.apply(input, self.weight, self.bias)
 
 
 def kernels_chosen_by_timing() -> bool:
@@ -94,6 +95,7 @@ def kernels_chosen_by_timing() -> bool:
 
 class PackedKernel(NamedTuple):
     available: Callable[[], bool]
+    dtypes: frozenset[torch.dtype]  # the weight types it multiplies
     pack: Callable[[torch.Tensor], torch.Tensor]
     multiply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -103,37 +105,40 @@ PACKED_KERNELS = {
     # MKL's sgemm on its packed format: fastest of the three on Intel CPUs, where MKL runs its AVX-512 kernels
     "mkl": PackedKernel(
         torch.backends.mkl.is_available,
+        frozenset({torch.float32}),
         lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, ROWS_HINT),
         lambda flat, packed, weight, bias: torch.ops.mkl._mkl_linear(flat, packed, weight, bias, flat.shape[0]),
     ),
     # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): where MKL, which keeps its
-    # AVX-512 kernels for Intel CPUs, is slow (docs/performance.md)
+    # AVX-512 kernels for Intel CPUs, is slow (docs/performance.md), and for bfloat16, on AMX or AVX512-BF16
     "onednn": PackedKernel(
         torch.backends.mkldnn.is_available,
+        frozenset({torch.float32, torch.bfloat16}),
         lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT),
         lambda flat, packed, weight, bias: torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], ""),
     ),
 }
+PACKED_DTYPES = frozenset().union(*(kernel.dtypes for kernel in PACKED_KERNELS.values()))
 MIN_SPEEDUP = 1.1  # below this over the plain product, measurement noise could pick a kernel for nothing
 
 
 @cache
-def fastest_packed_kernel(in_features: int, out_features: int, threads: int) -> str | None:
-    """The PACKED_KERNELS entry fastest on this CPU for a weight of this shape, or None when none beats nn.Linear by
-    MIN_SPEEDUP; measured once per process, shape and thread count on products of 8 and 32 rows (greedy and beam-4
-    steps of 8 sentences).
+def fastest_packed_kernel(in_features: int, out_features: int, threads: int, dtype: torch.dtype) -> str | None:
+    """The PACKED_KERNELS entry fastest on this CPU for a `dtype` weight of this shape, or None when none beats
+    nn.Linear by MIN_SPEEDUP; measured once per process, shape, thread count and dtype on products of 8 and 32 rows
+    (greedy and beam-4 steps of 8 sentences).
 
     Which kernel wins depends on the CPU (docs/performance.md), so it is measured where the model runs.
     """
     random = torch.Generator().manual_seed(0)  # not the global generator: a caller's seeded sampling stays as it was
-    weight = torch.randn(out_features, in_features, generator=random)
-    bias = torch.randn(out_features, generator=random)
-    inputs = [torch.randn(rows, in_features, generator=random) for rows in (8, ROWS_HINT)]
+    weight = torch.randn(out_features, in_features, generator=random).to(dtype)
+    bias = torch.randn(out_features, generator=random).to(dtype)
+    inputs = [torch.randn(rows, in_features, generator=random).to(dtype) for rows in (8, ROWS_HINT)]
     multiplies: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
         None: partial(nn.functional.linear, weight=weight, bias=bias)
     }
     for name, kernel in PACKED_KERNELS.items():
-        if kernel.available():
+        if dtype in kernel.dtypes and kernel.available():
             multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
     products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
     with torch.inference_mode():
@@ -174,8 +179,9 @@ def packed_weights(model: PreTrainedModel) -> AbstractContextManager[None]:
 
 @contextmanager
 def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
-    """Packed copies of the float32 CPU FastestKernelLinear weights among `layers` for the duration of the block, in
-    the kernel measured fastest on this CPU for each weight shape (`fastest_packed_kernel`), where one beats nn.Linear.
+    """Packed copies of the CPU FastestKernelLinear weights (float32 or bfloat16) among `layers` for the duration of
+    the block, in the kernel measured fastest on this CPU for each weight shape and dtype (`fastest_packed_kernel`),
+    where one beats nn.Linear.
 
     Scoped to a block in which the weights cannot change, one `generate` call or a caller's batch loop (an in-place
     update such as fused AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go
@@ -191,10 +197,10 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
     for linear in linears:
         if (
             linear.weight.device.type == "cpu"
-            and linear.weight.dtype == torch.float32
+            and linear.weight.dtype in PACKED_DTYPES
             and not torch.compiler.is_compiling()
             and kernels_chosen_by_timing()
-            and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads)) is not None
+            and (kernel := fastest_packed_kernel(*linear.weight.shape[::-1], threads, linear.weight.dtype)) is not None
         ):
             linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
             linear.packed_kernel = kernel
@@ -312,7 +318,7 @@ def float32_attention(
 
 
 FEW_QUERIES = 16  # queries per sentence and head that `few_query_attention` may take: a step of up to 16 beams
-ATTENTION_KERNELS: dict[tuple, str | None] = {}  # sdpa_or_fewer_operators' choice per shape class and thread count
+ATTENTION_KERNELS: dict[tuple, str | None] = {}  # sdpa_or_fewer_operators' choice per shape class, dtype and threads
 
 
 def few_query_attention(
@@ -335,7 +341,8 @@ def few_query_attention(
         scores.masked_fill_(~attention_mask, -math.inf)
     elif attention_mask is not None:
         scores += attention_mask
-    weights = scores.softmax(-1).nan_to_num_(0.0)  # sdpa gives a query barred from every key zeros
+    # in float32 whatever the inputs' type, as sdpa's kernel computes it; a query barred from every key gets zeros
+    weights = scores.softmax(-1, dtype=torch.float32).nan_to_num_(0.0).to(value.dtype)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
 
 
@@ -348,14 +355,14 @@ def sdpa_or_fewer_operators(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention function, or `few_query_attention` where this CPU measured it faster for the
-    shape: float32 CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a module that is
-    not causal) and no dropout. The first call of each shape class (batch x heads, queries and keys, each rounded up to
-    a power of two), mask kind and thread count is timed both ways, `fastest` deciding."""
+    shape: float32 or bfloat16 CPU inference with at most FEW_QUERIES queries, unmasked causality (one query, or a
+    module that is not causal) and no dropout. The first call of each shape class (batch x heads, queries and keys,
+    each rounded up to a power of two), dtype, mask kind and thread count is timed both ways, `fastest` deciding."""
     queries = query.shape[2]
     if (
         torch.compiler.is_compiling()
         or query.device.type != "cpu"
-        or query.dtype != torch.float32  # sdpa's kernel accumulates lower precisions in float32
+        or query.dtype not in (torch.float32, torch.bfloat16)
         or torch.is_grad_enabled()
         or kwargs.get("dropout", 0.0) != 0.0
         or queries > FEW_QUERIES
@@ -365,7 +372,7 @@ def sdpa_or_fewer_operators(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     mask_kind = None if attention_mask is None else attention_mask.dtype
     sizes = shape_class(query.shape[0] * query.shape[1], queries, key.shape[2])
-    shape_key = (*sizes, mask_kind, torch.get_num_threads())
+    shape_key = (*sizes, query.dtype, mask_kind, torch.get_num_threads())
     if shape_key not in ATTENTION_KERNELS:
         arguments = (module, query, key, value, attention_mask)
         ATTENTION_KERNELS[shape_key] = fastest(

@@ -2,7 +2,6 @@
 
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -10,17 +9,11 @@ import torch
 
 from ..interop.model_card import cpu_model_name
 from ..kernels.cpu import kernelize
+from ..kernels.cpu_features import cpu_bf16_matmul_works
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from .settings import RecipeSettings, model_config, setting_flag
-
-
-def cpu_bf16_matmul_works() -> bool:
-    """Whether a bfloat16 matmul runs on this CPU, tried in a child process since the failure is a crash (SIGILL)."""
-    probe = "import torch; torch.randn(8, 64, dtype=torch.bfloat16) @ torch.randn(64, 64, dtype=torch.bfloat16)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
 
 BF16_MIN_SPEEDUP = 1.1  # bf16 rounds more: take it only for a clear win, not for measurement noise
 

@@ -18,9 +18,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTraine
 
 from ..data.batching import BoundedShapeCollator, TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
+from ..kernels.cpu_features import cpu_bf16_matmul_works
 from ..model.checks_vaswani import check_token_ids
 from ..model.errors_vaswani import UsageError
-from .precision import cpu_bf16_matmul_works
 from .schedule import paper_lr_scheduler
 
 # A compiled run's batches have rows and lengths padded to a multiple of this: a few dozen shapes in five epochs of

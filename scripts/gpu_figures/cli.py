@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
     else:
-        from hf_vaswani.training.precision import cpu_bf16_matmul_works
+        from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
 
         bf16 = cpu_bf16_matmul_works()
     sizes = TINY if args.tiny else FULL

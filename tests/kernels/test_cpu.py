@@ -41,10 +41,10 @@ from hf_vaswani.kernels.cpu import (
     product,
     sdpa_or_fewer_operators,
 )
+from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
 from hf_vaswani.kernels.quantization import quantize_int8
 from hf_vaswani.model import modeling_vaswani
 from hf_vaswani.model.loss_vaswani import ProjectedLabelSmoothedLoss
-from hf_vaswani.training.precision import cpu_bf16_matmul_works
 
 AVAILABLE_KERNELS = [name for name, kernel in PACKED_KERNELS.items() if kernel.available()]
 
@@ -129,19 +129,45 @@ def packed_kernel(request, monkeypatch) -> str:
     return request.param
 
 
-def test_the_kernel_is_measured_once_per_shape_and_thread_count_and_used() -> None:
+def test_the_kernel_is_measured_once_per_shape_dtype_and_thread_count_and_used() -> None:
     fastest_packed_kernel.cache_clear()
     layers = [FastestKernelLinear(48, 80), FastestKernelLinear(48, 80), FastestKernelLinear(80, 48)]
+    layers.append(FastestKernelLinear(48, 80).to(torch.bfloat16))
     threads = torch.get_num_threads()
     with packed_decoder_weights(layers):
         chosen = [layer.packed_kernel for layer in layers]
         packed = [layer.packed_weight is not None for layer in layers]
-    assert fastest_packed_kernel.cache_info().misses == 2  # two shapes at this thread count, each timed once
-    expected = [fastest_packed_kernel(48, 80, threads)] * 2 + [fastest_packed_kernel(80, 48, threads)]
+    assert fastest_packed_kernel.cache_info().misses == 3  # two float32 shapes and one bf16, each timed once
+    expected = [fastest_packed_kernel(48, 80, threads, torch.float32)] * 2
+    expected += [fastest_packed_kernel(80, 48, threads, torch.float32), fastest_packed_kernel(48, 80, threads, BF16)]
     assert chosen == expected and packed == [kernel is not None for kernel in expected]
     assert set(expected) <= {None, *AVAILABLE_KERNELS}
-    assert fastest_packed_kernel.cache_info().misses == 2
+    assert expected[3] is None or BF16 in PACKED_KERNELS[expected[3]].dtypes
+    assert fastest_packed_kernel.cache_info().misses == 3
     assert all(layer.packed_weight is None and layer.packed_kernel is None for layer in layers)
+
+
+BF16 = torch.bfloat16
+BF16_KERNELS = [name for name in AVAILABLE_KERNELS if BF16 in PACKED_KERNELS[name].dtypes]
+
+
+@pytest.mark.parametrize("kernel", BF16_KERNELS)
+@pytest.mark.parametrize("rows", [1, 32, 256])
+def test_packed_bf16_projection_equals_torch_linear_to_bf16_rounding(rows: int, kernel: str, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_kernels, "fastest_packed_kernel", lambda *shape: kernel)
+    torch.manual_seed(0)
+    layer = FastestKernelLinear(48, 80).to(BF16)
+    inputs = torch.randn(rows, 1, 48, dtype=BF16)
+    with packed_decoder_weights([layer]), torch.no_grad():
+        assert layer.packed_kernel == kernel
+        packed = layer(inputs)
+    assert packed.dtype == BF16
+    exact = nn.functional.linear(inputs.double(), layer.weight.double(), layer.bias.double())
+    absolute_sum = inputs.double().abs() @ layer.weight.double().abs().T + layer.bias.double().abs()
+    # Products of bf16 operands are exact in float32; the kernel sums them in float32 ((48 + 1) eps_32 / 2 of the
+    # absolute sum, Higham 3.1) and rounds the result to bf16 (eps_bf16 / 2 of it): within that of the exact value.
+    bound = ((48 + 1) * torch.finfo(torch.float32).eps + torch.finfo(BF16).eps) / 2 * absolute_sum
+    assert torch.all((packed.double() - exact).abs() <= bound), ((packed.double() - exact).abs() / bound).max()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32, 256, 300])
@@ -251,6 +277,27 @@ def test_few_query_attention_computes_torchs_scaled_dot_product_attention(querie
         assert torch.all(output[0] == 0.0)
 
 
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+def test_few_query_attention_in_bf16_is_exact_attention_to_bf16_rounding(mask: str) -> None:
+    """bf16 operands attended in float64 from the same values are the reference. Rounding the scores to bf16 (their
+    product and scaling: 2 x eps/2 relative each) moves every softmax weight by at most a factor exp(+-2 eps max|s|),
+    rounding the weights to bf16 by eps/2 more, and the output's rounding adds eps/2 of it: within
+    eps (2 max|s| + 1) max|v| of exact attention, first order, with |s| the largest score magnitude."""
+    torch.manual_seed(0)
+    query, key, value, attention_mask = attention_operands(3, 4, 24, mask)
+    query, key, value = query.to(BF16), key.to(BF16), value.to(BF16)
+    output, _ = few_query_attention(nn.Module(), query, key, value, attention_mask, scaling=0.3)
+    assert output.dtype == BF16
+    mask64 = attention_mask.double() if mask == "float" else attention_mask
+    scores = 0.3 * query.double() @ key.double().transpose(2, 3)
+    exact = nn.functional.scaled_dot_product_attention(
+        query.double(), key.double(), value.double(), attn_mask=mask64, scale=0.3
+    ).transpose(1, 2)
+    largest_score = (scores + (mask64 if mask == "float" else 0)).abs().max().item()
+    bound = torch.finfo(BF16).eps * (2 * largest_score + 1) * value.double().abs().max().item()
+    assert (output.double() - exact).abs().max().item() <= bound
+
+
 @pytest.fixture(params=[None, "few_query"])
 def attention_kernel(request, monkeypatch) -> str | None:
     """Each kernel sdpa_or_fewer_operators can choose (None: transformers' sdpa function), whatever this CPU's
@@ -299,7 +346,7 @@ def test_attention_outside_few_query_cpu_inference_is_transformers_sdpa_and_noth
         (causal, 2, False, 0.0, torch.float32),  # a causal mask sdpa applies
         (not_causal, 1, True, 0.0, torch.float32),  # training
         (not_causal, 1, False, 0.1, torch.float32),  # dropout
-        (not_causal, 1, False, 0.0, torch.bfloat16),  # a lower precision
+        (not_causal, 1, False, 0.0, torch.float16),  # a type the few-query kernel does not take
     ]
     for module, queries, grad, dropout, dtype in cases:
         query, key, value = (x.to(dtype) for x in attention_operands(2, queries, 6, "none")[:3])

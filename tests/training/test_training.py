@@ -32,9 +32,10 @@ from transformers import (
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.data.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
+from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
 from hf_vaswani.model.generation_vaswani import paper_generation_config
 from hf_vaswani.training import schedule
-from hf_vaswani.training.precision import bf16_training_seconds, cpu_bf16_matmul_works
+from hf_vaswani.training.precision import bf16_training_seconds
 from hf_vaswani.training.recipe import build_model, run_recipe
 from hf_vaswani.training.schedule import TrainingTimeBudgetCallback, paper_learning_rate, paper_lr_scheduler
 from hf_vaswani.training.settings import DEMO_SETTINGS, RecipeSettings, model_config
