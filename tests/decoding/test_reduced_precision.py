@@ -15,8 +15,10 @@ from tiny import PROBE_SENTENCES
 from hf_vaswani import generate
 from hf_vaswani.decoding import loading
 from hf_vaswani.decoding.loading import load_model_folder
+from hf_vaswani.kernels import quantization
+from hf_vaswani.kernels.quantization import INT8_ENGINES
 
-REDUCED = {"bf16": dict(dtype="bf16"), "int8": dict(int8=True)}
+REDUCED = {"bf16": dict(dtype="bf16"), **{f"int8 {engine}": dict(int8=True) for engine in INT8_ENGINES}}
 N_BEST = 4
 
 
@@ -36,8 +38,15 @@ def test_reduced_precision_decodes_fp32s_tokens_but_where_fp32_was_within_its_ro
     trained_folder, monkeypatch, kind: str
 ) -> None:
     monkeypatch.setattr(loading, "cpu_float_type_problem", lambda dtype: None)  # bf16 emulated where not native
+    if kind.startswith("int8"):  # each engine, whichever this CPU measures fastest
+        engine = kind.removeprefix("int8 ")
+        if engine not in torch.backends.quantized.supported_engines:
+            pytest.skip(f"torch has no {engine} engine on this CPU")
+        monkeypatch.setattr(quantization, "fastest_int8_engine", lambda threads: engine)
+    engine_before = torch.backends.quantized.engine
     fp32, tokenizer = load_model_folder(trained_folder)
     reduced, _ = load_model_folder(trained_folder, **REDUCED[kind])
+    assert torch.backends.quantized.engine == engine_before  # quantizing leaves the process's engine as it was
     batch = dict(tokenizer(PROBE_SENTENCES, return_tensors="pt", padding=True))
     with torch.inference_mode():
         greedy = {name: generate(model, **batch, num_beams=1) for name, model in (("fp32", fp32), (kind, reduced))}

@@ -42,7 +42,7 @@ from hf_vaswani.kernels.cpu import (
     sdpa_or_fewer_operators,
 )
 from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
-from hf_vaswani.kernels.quantization import quantize_int8
+from hf_vaswani.kernels.quantization import fastest_int8_engine, quantize_int8
 from hf_vaswani.model import modeling_vaswani
 from hf_vaswani.model.loss_vaswani import ProjectedLabelSmoothedLoss
 
@@ -604,3 +604,11 @@ def test_the_plain_model_attends_in_the_autocast_dtype(recording_attention: list
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=source, labels=source)
     assert recording_attention == [torch.bfloat16] * 6
+
+
+def test_the_int8_engine_is_one_torch_has_here_measured_once_per_thread_count() -> None:
+    fastest_int8_engine.cache_clear()
+    threads = torch.get_num_threads()
+    engine = fastest_int8_engine(threads)
+    assert engine in torch.backends.quantized.supported_engines
+    assert fastest_int8_engine(threads) == engine and fastest_int8_engine.cache_info().misses == 1
