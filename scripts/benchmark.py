@@ -1,17 +1,20 @@
 """Speed and memory of hf_vaswani against transformers' MarianMTModel and CTranslate2, at identical size, on CPU.
 
 A random hf_vaswani model and the MarianMTModel of the same function (`to_marian`; their logits are compared), and
-CTranslate2 converted from that Marian model's folder. Repetitions alternate between systems; medians are reported, and
-each ratio as the median of its ratios within a repetition.
+CTranslate2 converted from that Marian model's folder, in float32 and in int8 (its fastest CPU types; it has no bf16 on
+a CPU). Repetitions alternate between systems; medians are reported, and each ratio as the median of its ratios within
+a repetition.
 Measured: training tokens/s (forward, backward, fused AdamW; hf_vaswani with its trainer's chunked loss), peak RSS
-growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length (hf_vaswani
-by its own decoding loop and by transformers'), and each decoding's share of the matmul and roofline bounds. With
+growth over the first two training steps, greedy and beam-search output tokens/s at a forced output length in each
+decoding precision (fp32; bf16 weights, where the CPU has AVX512-BF16 or AMX; torch's dynamic int8), hf_vaswani by its
+own decoding loop and by transformers', and the fp32 decodings' share of the matmul and roofline bounds. With
 --shortlist-size N, hf_vaswani also decodes with a vocabulary shortlist of N tokens and CTranslate2 with the same
 tokens as its vocabulary map. Results and their reading: docs/performance.md.
 
-    python scripts/benchmark.py --preset base --repeats 3 --train-steps 2 [--int8]
+    python scripts/benchmark.py --preset base --repeats 3 --train-steps 2
     python scripts/benchmark.py --preset tiny --repeats 2           # a quick check
-    python scripts/benchmark.py --preset base --dtype bf16          # autocast(bfloat16) for the PyTorch models
+    python scripts/benchmark.py --preset base --precisions fp32     # decoding in fp32 only
+    python scripts/benchmark.py --preset base --train-dtype bf16    # training under autocast(bfloat16)
     python scripts/benchmark.py --preset base --reuse-freed-memory  # glibc keeps freed memory, as `vaswani` runs
     python scripts/benchmark.py --preset base --torch-compile       # training under torch.compile, both models
     python scripts/benchmark.py --preset base --shortlist-size 2000  # decoding with a shortlist, both engines
@@ -34,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,7 +62,7 @@ from hf_vaswani import VaswaniConfig
 from hf_vaswani.decoding.shortlist import Shortlist
 from hf_vaswani.kernels.allocator import reuse_freed_memory
 from hf_vaswani.kernels.cpu import kernelize, onednn_product, packed_weights
-from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
+from hf_vaswani.kernels.cpu_features import cpu_float_type_problem
 from hf_vaswani.kernels.quantization import quantize_int8
 
 PRESETS = {
@@ -67,17 +70,48 @@ PRESETS = {
     "tiny": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 256, "vocab": 1000},
 }
 EOS, UNK = 0, 1  # token ids; the pad (and decoder start) token is the last vocabulary entry, as CTranslate2 expects
-TRANSFORMERS_LOOP = "hf_vaswani, transformers' loop"
-WITH_SHORTLIST = "hf_vaswani + shortlist"
-CT2_WITH_MAP = "CTranslate2 + vocabulary map"
-PAIRS = [  # the ratios the table gives, where both systems ran
-    ("hf_vaswani", "MarianMT"),
-    ("hf_vaswani", "CTranslate2"),
-    ("hf_vaswani", TRANSFORMERS_LOOP),
-    (WITH_SHORTLIST, "hf_vaswani"),
-    (WITH_SHORTLIST, CT2_WITH_MAP),
-    (CT2_WITH_MAP, "CTranslate2"),
-]
+PRECISIONS = ("fp32", "bf16", "int8")  # of decoding: float32, bfloat16 weights, torch's dynamic int8
+CT2_TYPES = {"fp32": "float32", "int8": "int8"}  # CTranslate2's compute type of the same precision; no CPU bf16
+
+
+def vaswani_system(precision: str) -> str:
+    return f"hf_vaswani {precision}"
+
+
+def marian_system(precision: str) -> str:
+    return f"MarianMT {precision}"
+
+
+def loop_system(precision: str) -> str:
+    return f"hf_vaswani {precision}, transformers' loop"
+
+
+def shortlist_system(precision: str) -> str:
+    return f"hf_vaswani {precision} + shortlist"
+
+
+def ct2_system(compute_type: str, vocabulary_map: bool = False) -> str:
+    return f"CTranslate2 {compute_type}" + (" + vocabulary map" if vocabulary_map else "")
+
+
+def ratio_pairs(precisions: list[str], train_dtype: str) -> list[tuple[str, str]]:
+    """The ratios the report gives, where both systems ran: each precision's hf_vaswani against MarianMT in it, against
+    CTranslate2 in each type, and against transformers' loop; the shortlist against the full vocabulary and against
+    CTranslate2's vocabulary map in the nearest type."""
+    pairs = [(vaswani_system(train_dtype), marian_system(train_dtype))]
+    for precision in precisions:
+        pairs += [(vaswani_system(precision), marian_system(precision))] if precision != train_dtype else []
+        pairs += [(vaswani_system(precision), ct2_system(compute_type)) for compute_type in CT2_TYPES.values()]
+        pairs += [(vaswani_system(precision), loop_system(precision))]
+    for precision in precisions:
+        nearest = CT2_TYPES["int8" if precision == "int8" else "fp32"]
+        pairs += [
+            (shortlist_system(precision), vaswani_system(precision)),
+            (shortlist_system(precision), ct2_system(nearest, True)),
+        ]
+    return pairs + [(ct2_system(compute_type, True), ct2_system(compute_type)) for compute_type in CT2_TYPES.values()]
+
+
 # Before each timed decoding: CTranslate2's OpenMP runtime (Intel's) keeps its threads spinning for 200 ms after each
 # parallel region (KMP_BLOCKTIME), which on a 2-core machine would slow whichever system decodes next
 SETTLE_SECONDS = 0.3
@@ -157,8 +191,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed training repetition")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--int8", action="store_true", help="decode with torch dynamic int8 and CTranslate2 int8")
+    parser.add_argument("--train-dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: under autocast")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=PRECISIONS,
+        help="the decoding precisions measured (default: all, bf16 where this CPU has instructions for it)",
+    )
     parser.add_argument("--no-ct2", action="store_true", help="skip CTranslate2 even when installed")
     parser.add_argument(
         "--reuse-freed-memory",
@@ -257,10 +296,6 @@ class PeakRSS:
         self.delta_mib = (self.peak - self.start) / 2**20
 
 
-def autocast(dtype: str):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
-
-
 class TrainingRun:
     """A training copy of a model and its training step (fused AdamW: Seq2SeqTrainer's default optimizer for MarianMT,
     and what paper_training_arguments asks for), kept across repetitions as in one training process."""
@@ -284,18 +319,12 @@ class TrainingRun:
 
 
 def generate_run(
-    model: torch.nn.Module,
-    source: torch.Tensor,
-    beams: int,
-    length: int,
-    dtype: str,
-    search: Callable = transformers_loop,
-    **extra,
+    model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, search: Callable = transformers_loop, **extra
 ) -> float:
     """Output tokens/s of `search` (`hf_vaswani.generate` or `transformers_loop`) forced to `length` new tokens per
     sentence."""
     start = time.perf_counter()
-    with torch.inference_mode(), autocast(dtype):
+    with torch.inference_mode():
         output = search(
             model,
             input_ids=source,
@@ -317,9 +346,7 @@ FEW_QUERY_ATTENTION = {"aten::bmm", "aten::_softmax", "aten::nan_to_num"}
 STEP_PARTS = ("products", "vocabulary passes", "attention", "other operators", "Python and dispatch")
 
 
-def step_profile(
-    model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, dtype: str, **extra
-) -> dict[str, float]:
+def step_profile(model: torch.nn.Module, source: torch.Tensor, beams: int, length: int, **extra) -> dict[str, float]:
     """Milliseconds a decoding step spends in each of STEP_PARTS, from torch.profiler over one `generate` call (which
     the profiler slows: its own cost per operator lands in the operators' times and the rest), the encoder's side left
     out (products of the source's sentences x length rows, once a call). A vocabulary-sized pass is an operator other
@@ -329,7 +356,7 @@ def step_profile(
     from torch.profiler import profile
 
     with profile(record_shapes=True) as profiled:
-        seconds_a_call = time_calls(partial(generate_run, model, source, beams, length, dtype, **extra))
+        seconds_a_call = time_calls(partial(generate_run, model, source, beams, length, **extra))
     encoder_rows = source.numel()
     columns = {model.config.vocab_size}
     if extra.get("shortlist") is not None:  # the listed tokens and </s>
@@ -356,11 +383,12 @@ def step_profile(
 
 
 def ct2_serve(
-    connection, marian_dir: str, vocab: int, compute_type: str, threads: int, vocabulary_map: list[int]
+    connection, marian_dir: str, vocab: int, compute_types: list[str], threads: int, vocabulary_map: list[int]
 ) -> None:
     """CTranslate2 in a process of its own, so that its OpenMP runtime (Intel's) and torch's (GNU) never share one:
     loaded together they slow PyTorch down. Converts the saved Marian folder (with `vocabulary_map`'s token ids, if
-    any, as the vocabulary map's always-listed tokens), then answers decoding requests."""
+    any, as the vocabulary map's always-listed tokens), loads it in each of `compute_types` (sending back the types it
+    could not load, with the reason), then answers decoding requests."""
     try:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
@@ -384,19 +412,20 @@ def ct2_serve(
         vmap = Path(marian_dir).parent / "vmap.txt"
         vmap.write_text("\t" + " ".join(map(token, vocabulary_map)) + "\n")
     NoTokenizerConverter(marian_dir).convert(output_dir, vmap=vmap and str(vmap), force=True)
-    try:
-        translator = ctranslate2.Translator(
-            output_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
-        )
-    except ValueError as error:
-        connection.send(str(error))
-        return
-    connection.send("ready")
+    translators, refused = {}, {}
+    for compute_type in compute_types:
+        try:
+            translators[compute_type] = ctranslate2.Translator(
+                output_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
+            )
+        except ValueError as error:
+            refused[compute_type] = str(error)
+    connection.send(refused)
     while (request := connection.recv()) is not None:
-        rows, beams, length, use_vmap = request
+        compute_type, rows, beams, length, use_vmap = request
         batch = [[token(i) for i in row] for row in rows]
         start = time.perf_counter()
-        results = translator.translate_batch(
+        results = translators[compute_type].translate_batch(
             batch,
             beam_size=beams,
             min_decoding_length=length,
@@ -410,31 +439,33 @@ def ct2_serve(
 
 
 class CTranslate2Process:
-    """Client of `ct2_serve`; `available` is False (the reason printed) when CTranslate2 cannot run here."""
+    """Client of `ct2_serve`; `compute_types` are those it loaded (the others' reasons printed), none when CTranslate2
+    cannot run here."""
 
     def __init__(
-        self, marian: MarianMTModel, vocab: int, args: argparse.Namespace, workdir: Path, vocabulary_map: list[int]
+        self, marian: MarianMTModel, vocab: int, threads: int, workdir: Path, vocabulary_map: list[int]
     ) -> None:
         marian.save_pretrained(workdir / "marian")
-        compute_type = "int8" if args.int8 else {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(
             target=ct2_serve,
-            args=(child, str(workdir / "marian"), vocab, compute_type, args.threads, vocabulary_map),
+            args=(child, str(workdir / "marian"), vocab, list(CT2_TYPES.values()), threads, vocabulary_map),
             daemon=True,
         )
         self.process.start()
         status = self.connection.recv()
-        self.available = status == "ready"
-        if not self.available:
-            print(f"CTranslate2: skipped ({status})")
+        if isinstance(status, str):  # not installed
+            status = dict.fromkeys(CT2_TYPES.values(), status)
+        for compute_type, reason in status.items():
+            print(f"CTranslate2 {compute_type}: skipped ({reason})")
+        self.compute_types = [compute_type for compute_type in CT2_TYPES.values() if compute_type not in status]
 
     def decode(
-        self, source: torch.Tensor, beams: int, length: int, use_vmap: bool = False
+        self, compute_type: str, source: torch.Tensor, beams: int, length: int, use_vmap: bool = False
     ) -> tuple[float, list[list[int]]]:
         """Output tokens/s and the best hypotheses' ids, checked to have `length` tokens each."""
-        self.connection.send((source.tolist(), beams, length, use_vmap))
+        self.connection.send((compute_type, source.tolist(), beams, length, use_vmap))
         seconds, ids = self.connection.recv()
         if {len(row) for row in ids} != {length}:
             raise RuntimeError(f"CTranslate2 generated {sorted({len(row) for row in ids})} tokens instead of {length}")
@@ -445,8 +476,11 @@ class CTranslate2Process:
         self.process.join()
 
 
-def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, length: int, extras: dict) -> None:
-    """Print the fraction of greedy output tokens each system shares with MarianMT (same function: close to 1)."""
+def greedy_agreement(
+    decode_models: dict, translator: CTranslate2Process | None, source: torch.Tensor, length: int, extras: dict
+) -> None:
+    """Print the fraction of greedy output tokens each system shares with MarianMT in fp32 (the same function: close
+    to 1 in fp32, lower in the reduced precisions, whose rounding changes near ties)."""
     outputs = {}
     with torch.inference_mode():
         for name, model in decode_models.items():
@@ -455,48 +489,58 @@ def greedy_agreement(decode_models: dict, translator, source: torch.Tensor, leng
                 model, input_ids=source, num_beams=1, do_sample=False, **forced_length(length), **options
             )
             outputs[name] = ids[:, 1:].tolist()
-    if translator is not None:
-        outputs["CTranslate2"] = translator.decode(source, 1, length)[1]
-    reference = torch.tensor(outputs["MarianMT"])
+    for compute_type in translator.compute_types if translator else []:
+        outputs[ct2_system(compute_type)] = translator.decode(compute_type, source, 1, length)[1]
+    reference = torch.tensor(outputs[marian_system("fp32")])
     for name, ids in outputs.items():
-        if name != "MarianMT":
+        if name != marian_system("fp32"):
             same = (torch.tensor(ids) == reference).float().mean().item()
-            print(f"greedy tokens equal to MarianMT's: {name} {same:.1%}")
+            print(f"greedy tokens equal to MarianMT fp32's: {name} {same:.1%}")
 
 
 def write_outputs(
     samples: dict[str, dict[str, list[float]]],
     systems: list[str],
+    pairs: list[tuple[str, str]],
     meta: dict,
     output_dir: Path,
     profiles: dict[str, dict[str, float]],
 ) -> str:
-    """benchmark.json, .md and .png: each metric's median per system, and the ratios of PAIRS measured in both."""
+    """benchmark.json, .md and .png: each metric's median per system (a row a system), and the ratios of `pairs`
+    measured in both (a row a pair)."""
     results = {
         metric: {s: statistics.median(values[s]) if values.get(s) else None for s in systems}
         for metric, values in samples.items()
     }
+    rated = {metric: values for metric, values in samples.items() if "bound" not in metric}  # bounds: same ratios
+    ratios = {
+        f"{a} / {b}": {metric: paired_ratio(values.get(a, []), values.get(b, [])) for metric, values in rated.items()}
+        for a, b in pairs
+    }
+    ratios = {pair: values for pair, values in ratios.items() if any(value is not None for value in values.values())}
     output_dir.mkdir(parents=True, exist_ok=True)
-    written = {"meta": meta, "results": results} | ({"ms a decoding step": profiles} if profiles else {})
+    written = {"meta": meta, "results": results, "ratios": ratios}
+    written |= {"ms a decoding step": profiles} if profiles else {}
     (output_dir / "benchmark.json").write_text(json.dumps(written, indent=2) + "\n")
-    pairs = [(ours, other) for ours, other in PAIRS if ours in systems and other in systems]
-    header = ["metric", *systems, *(f"{ours} / {other}" for ours, other in pairs)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for metric, values in samples.items():
-        cells = [metric, *(f"{results[metric][s]:.1f}" if results[metric][s] is not None else "n/a" for s in systems)]
-        for ours, other in pairs:
-            ratio = paired_ratio(values.get(ours, []), values.get(other, []))
-            cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
-        lines.append("| " + " | ".join(cells) + " |")
+
+    def table(corner: str, metrics: list[str], rows: dict[str, dict[str, float | None]], digits: int) -> list[str]:
+        lines = ["| " + " | ".join([corner, *metrics]) + " |", "|" + "---|" * (len(metrics) + 1)]
+        for row, values in rows.items():
+            cells = [f"{values[m]:.{digits}f}" if values.get(m) is not None else "" for m in metrics]
+            lines.append("| " + " | ".join([row, *cells]) + " |")
+        return lines
+
+    by_system = {system: {metric: results[metric][system] for metric in samples} for system in systems}
+    lines = table("system", list(samples), by_system, 1) + [""] + table("ratio", list(rated), ratios, 2)
     settings = ", ".join(f"{key}={value}" for key, value in meta.items())
     if profiles:
         parts = list(next(iter(profiles.values())))
         lines += ["", "| ms a decoding step | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 1)]
         lines += [f"| {name} | " + " | ".join(f"{ms:.1f}" for ms in p.values()) + " |" for name, p in profiles.items()]
-    table = "\n".join(lines)
-    (output_dir / "benchmark.md").write_text(f"# Benchmark\n\n{settings}\n\n{table}\n")
+    report = "\n".join(lines)
+    (output_dir / "benchmark.md").write_text(f"# Benchmark\n\n{settings}\n\n{report}\n")
     plot(results, output_dir / "benchmark.png")
-    return table
+    return report
 
 
 def paired_ratio(ours: list[float], other: list[float]) -> float | None:
@@ -524,14 +568,20 @@ def plot(results: dict, path: Path) -> None:
     plt.close(figure)
 
 
+def decoding_copy(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """`model` as it decodes in `precision`: itself (fp32), a bfloat16 copy, or torch's dynamic int8 copy."""
+    if precision == "int8":
+        return quantize_int8(model)
+    return copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
+
+
 def main() -> None:
     args = parse_args()
     transformers_logging.disable_progress_bar()
-    if args.dtype == "bf16" and not cpu_bf16_matmul_works():
-        raise SystemExit(
-            "--dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction: AMX advertised, not enabled); "
-            "run with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX-512 BF16 instead"
-        )
+    bf16_problem = cpu_float_type_problem(torch.bfloat16)
+    precisions = args.precisions or [p for p in PRECISIONS if p != "bf16" or bf16_problem is None]
+    if bf16_problem and ("bf16" in precisions or args.train_dtype == "bf16"):
+        raise SystemExit(f"bf16: {bf16_problem}")
     if args.reuse_freed_memory and not reuse_freed_memory():
         raise SystemExit("--reuse-freed-memory: the C library is not glibc")
     torch.manual_seed(args.seed)
@@ -566,13 +616,17 @@ def main() -> None:
     translator = None
     if not args.no_ct2:
         with tempfile.TemporaryDirectory() as workdir:
-            translator = CTranslate2Process(marian, vocab, args, Path(workdir), listed)
-        translator = translator if translator.available else None
-    print(f"CTranslate2: {'used' if translator is not None else 'not used'}")
+            translator = CTranslate2Process(marian, vocab, args.threads, Path(workdir), listed)
+    ct2_systems = {  # name: (compute type, with the vocabulary map)
+        ct2_system(compute_type, use_vmap): (compute_type, use_vmap)
+        for compute_type in (translator.compute_types if translator else [])
+        for use_vmap in ([False, True] if listed else [False])
+    }
+    print(f"CTranslate2: {', '.join(ct2_systems) or 'not used'}")
 
-    train_models = {"hf_vaswani": vaswani, "MarianMT": marian}
+    trained = {vaswani_system(args.train_dtype): vaswani, marian_system(args.train_dtype): marian}
     runs = {
-        name: TrainingRun(model, train_batch, args.dtype, args.torch_compile) for name, model in train_models.items()
+        name: TrainingRun(model, train_batch, args.train_dtype, args.torch_compile) for name, model in trained.items()
     }
     memory = {name: [run.first_steps()] for name, run in runs.items()}  # also the warm-up
     for name, mib in memory.items():
@@ -585,16 +639,20 @@ def main() -> None:
     del runs
     trim_memory()
 
-    decode_models = train_models
-    if args.int8:
-        decode_models = {name: quantize_int8(model) for name, model in train_models.items()}  # the same for both
-    ours = SEARCH_AS_TRANSFORMERS | {"search": hf_vaswani.generate}
-    extras = {"hf_vaswani": ours, "MarianMT": {}, TRANSFORMERS_LOOP: SEARCH_AS_TRANSFORMERS}
-    decode_models = {**decode_models, TRANSFORMERS_LOOP: decode_models["hf_vaswani"]}
-    if listed:
-        decode_models[WITH_SHORTLIST] = decode_models["hf_vaswani"]
-        extras[WITH_SHORTLIST] = ours | {"shortlist": Shortlist(torch.tensor(listed), torch.full((vocab, 1), -1))}
-    ct2_systems = {"CTranslate2": False, **({CT2_WITH_MAP: True} if listed else {})} if translator else {}
+    # each precision's copies of both models (int8 quantized the same way for both); transformers' loop and the
+    # shortlist decode hf_vaswani's copy
+    search = SEARCH_AS_TRANSFORMERS | {"search": hf_vaswani.generate}
+    decode_models, extras = {}, {}
+    for precision in precisions:
+        ours = decoding_copy(vaswani, precision)
+        decode_models |= {vaswani_system(precision): ours, marian_system(precision): decoding_copy(marian, precision)}
+        decode_models[loop_system(precision)] = ours
+        extras |= {vaswani_system(precision): search, marian_system(precision): {}}
+        extras[loop_system(precision)] = SEARCH_AS_TRANSFORMERS
+        if listed:
+            decode_models[shortlist_system(precision)] = ours
+            shortlist = Shortlist(torch.tensor(listed), torch.full((vocab, 1), -1))
+            extras[shortlist_system(precision)] = search | {"shortlist": shortlist}
     greedy_agreement(decode_models, translator, decode_source, args.output_length, extras)
     # hf_vaswani decodes as `translate` does, its decoding weights packed once for the loop of generate calls (as
     # CTranslate2 holds its converted model); that one packing is timed apart
@@ -608,18 +666,18 @@ def main() -> None:
         label = "greedy" if beams == 1 else f"beam-{beams}"
         decoding[label] = {name: [] for name in [*decode_models, *ct2_systems]}
         for name, model in decode_models.items():  # untimed warm-up
-            generate_run(model, decode_source[:1], beams, 2, args.dtype, **extras[name])
-        if translator is not None:
-            translator.decode(decode_source[:1], beams, 2)
+            generate_run(model, decode_source[:1], beams, 2, **extras[name])
+        for compute_type, _ in ct2_systems.values():
+            translator.decode(compute_type, decode_source[:1], beams, 2)
         for repeat in range(args.repeats):
             for name, model in decode_models.items():
                 time.sleep(SETTLE_SECONDS)
-                value = generate_run(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
+                value = generate_run(model, decode_source, beams, args.output_length, **extras[name])
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
-            for name, use_vmap in ct2_systems.items():
+            for name, (compute_type, use_vmap) in ct2_systems.items():
                 time.sleep(SETTLE_SECONDS)
-                value = translator.decode(decode_source, beams, args.output_length, use_vmap)[0]
+                value = translator.decode(compute_type, decode_source, beams, args.output_length, use_vmap)[0]
                 decoding[label][name].append(value)
                 print(f"{label:7s} repeat {repeat} {name:12s} {value:9.1f} tok/s")
 
@@ -628,36 +686,39 @@ def main() -> None:
         for label in decoding:
             beams = 1 if label == "greedy" else args.beam_size
             for name, model in decode_models.items():
-                profile = step_profile(model, decode_source, beams, args.output_length, args.dtype, **extras[name])
+                profile = step_profile(model, decode_source, beams, args.output_length, **extras[name])
                 profiles[f"{label}, {name}"] = profile
                 listed = ", ".join(f"{part} {value:.1f}" for part, value in profile.items())
                 print(f"ms a step, {label:7s} {name:12s} {listed}")
     packing.close()
     if translator is not None:
         translator.close()
-    systems = [*decode_models, *ct2_systems]
+    systems = list(dict.fromkeys([*trained, *decode_models, *ct2_systems]))
 
     # every metric's values per system, one a repetition (memory: one, over the first steps); the table gives medians
     samples: dict[str, dict[str, list[float]]] = {"train tokens/s": speed, "train peak RSS growth (MiB)": memory}
     samples |= {f"{label} output tokens/s": values for label, values in decoding.items()}
-    if args.dtype == "fp32" and not args.int8:  # the bounds are fp32 work at the measured fp32 rate and bandwidth
-        for label, values in decoding.items():
-            beams = 1 if label == "greedy" else args.beam_size
-            flops = decoding_matmul_flops(preset, args.decode_batch_size, beams, args.source_length, args.output_length)
-            weight_bytes = decoding_weight_bytes(preset, args.output_length)
-            matmul_seconds, read_seconds = flops / (gflops * 1e9), weight_bytes / (gbps * 1e9)
-            # the roofline: the matmul FLOPs at the measured rate or the weights read at the measured bandwidth,
-            # whichever takes longer
-            bounds = {
-                "matmul": (matmul_seconds, f"{flops / 1e9:.1f} GFLOP"),
-                "roofline": (max(matmul_seconds, read_seconds), f"{weight_bytes / 1e9:.1f} GB read"),
+    fp32_systems = [name for name in systems if " fp32" in name or " float32" in name]
+    # the bounds are fp32 work at the measured fp32 rate and bandwidth: given for the fp32 decodings
+    for label, values in decoding.items():
+        beams = 1 if label == "greedy" else args.beam_size
+        flops = decoding_matmul_flops(preset, args.decode_batch_size, beams, args.source_length, args.output_length)
+        weight_bytes = decoding_weight_bytes(preset, args.output_length)
+        matmul_seconds, read_seconds = flops / (gflops * 1e9), weight_bytes / (gbps * 1e9)
+        # the roofline: the matmul FLOPs at the measured rate or the weights read at the measured bandwidth,
+        # whichever takes longer
+        bounds = {
+            "matmul": (matmul_seconds, f"{flops / 1e9:.1f} GFLOP"),
+            "roofline": (max(matmul_seconds, read_seconds), f"{weight_bytes / 1e9:.1f} GB read"),
+        }
+        for kind, (seconds, work) in bounds.items():
+            bound = args.decode_batch_size * args.output_length / seconds
+            print(f"{label}: the fp32 {kind} bound is {bound:.0f} output tokens/s ({work})")
+            samples[f"{label} % of fp32 {kind} bound"] = {
+                name: [100 * value / bound for value in repeats]
+                for name, repeats in values.items()
+                if name in fp32_systems
             }
-            for kind, (seconds, work) in bounds.items():
-                bound = args.decode_batch_size * args.output_length / seconds
-                print(f"{label}: the {kind} bound is {bound:.0f} output tokens/s ({work})")
-                samples[f"{label} % of {kind} bound"] = {
-                    name: [100 * value / bound for value in repeats] for name, repeats in values.items()
-                }
     meta = {
         **machine,
         "fp32 GFLOP/s": round(gflops),
@@ -665,8 +726,8 @@ def main() -> None:
         "memory GB/s": round(gbps, 1),
         "preset": args.preset,
         **preset,
-        "dtype": args.dtype,
-        "int8 decoding": args.int8,
+        "training dtype": args.train_dtype,
+        "decoding precisions": " ".join(precisions),
         "freed memory reused": args.reuse_freed_memory,
         "training compiled": args.torch_compile,
         "train batch": f"{args.batch_size}x{args.source_length}+{args.source_length}",
@@ -675,7 +736,8 @@ def main() -> None:
         "output length": args.output_length,
         "repeats": args.repeats,
     }
-    print(write_outputs(samples, systems, meta, args.output_dir, profiles))
+    pairs = ratio_pairs(precisions, args.train_dtype)
+    print(write_outputs(samples, systems, pairs, meta, args.output_dir, profiles))
     print(f"wrote {args.output_dir}/benchmark.json, benchmark.md, benchmark.png")
 
 
