@@ -39,6 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..model.loss_vaswani import label_smoothed_loss
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniMultiHeadAttention
+from .cpu_features import onednn_runs_bf16
 
 
 def kernelize(model: PreTrainedModel) -> PreTrainedModel:
@@ -94,8 +95,7 @@ def kernels_chosen_by_timing() -> bool:
 
 
 class PackedKernel(NamedTuple):
-    available: Callable[[], bool]
-    dtypes: frozenset[torch.dtype]  # the weight types it multiplies
+    available: Callable[[torch.dtype], bool]  # whether it multiplies weights of that type here
     pack: Callable[[torch.Tensor], torch.Tensor]
     multiply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -104,21 +104,22 @@ ROWS_HINT = 32  # the kernels pack for products of about this many rows: a beam-
 PACKED_KERNELS = {
     # MKL's sgemm on its packed format: fastest of the three on Intel CPUs, where MKL runs its AVX-512 kernels
     "mkl": PackedKernel(
-        torch.backends.mkl.is_available,
-        frozenset({torch.float32}),
+        lambda dtype: dtype == torch.float32 and torch.backends.mkl.is_available(),
         lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, ROWS_HINT),
         lambda flat, packed, weight, bias: torch.ops.mkl._mkl_linear(flat, packed, weight, bias, flat.shape[0]),
     ),
     # oneDNN's inner product on its blocked format (what inductor's weight prepacking uses): where MKL, which keeps its
     # AVX-512 kernels for Intel CPUs, is slow (docs/performance.md), and for bfloat16, on AMX or AVX512-BF16
     "onednn": PackedKernel(
-        torch.backends.mkldnn.is_available,
-        frozenset({torch.float32, torch.bfloat16}),
+        lambda dtype: (
+            torch.backends.mkldnn.is_available()
+            and (dtype == torch.float32 or dtype == torch.bfloat16 and onednn_runs_bf16())
+        ),
         lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT),
         lambda flat, packed, weight, bias: torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], ""),
     ),
 }
-PACKED_DTYPES = frozenset().union(*(kernel.dtypes for kernel in PACKED_KERNELS.values()))
+PACKED_DTYPES = frozenset({torch.float32, torch.bfloat16})  # the weight types a PACKED_KERNELS entry may take
 MIN_SPEEDUP = 1.1  # below this over the plain product, measurement noise could pick a kernel for nothing
 
 
@@ -138,7 +139,7 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int, dty
         None: partial(nn.functional.linear, weight=weight, bias=bias)
     }
     for name, kernel in PACKED_KERNELS.items():
-        if dtype in kernel.dtypes and kernel.available():
+        if kernel.available(dtype):
             multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
     products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
     with torch.inference_mode():
