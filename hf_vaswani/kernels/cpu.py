@@ -141,6 +141,8 @@ def fastest_packed_kernel(in_features: int, out_features: int, threads: int, dty
     for name, kernel in PACKED_KERNELS.items():
         if kernel.available(dtype):
             multiplies[name] = partial(kernel.multiply, packed=kernel.pack(weight), weight=weight, bias=bias)
+    if len(multiplies) == 1:  # no packed kernel for this type here
+        return None
     products = {name: partial(map_inputs, multiply, inputs) for name, multiply in multiplies.items()}
     with torch.inference_mode():
         return fastest(products)
