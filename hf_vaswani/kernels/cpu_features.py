@@ -26,7 +26,8 @@ def cpu_bf16_matmul_works() -> bool:
 
 def has_native_instructions(dtype: torch.dtype) -> bool:
     """Whether this CPU has instructions multiplying `dtype` (float32 always; bfloat16 with AVX512-BF16 or AMX, which
-    brings AMX-BF16 on every CPU that has it; float16 with AVX512-FP16 or AMX-FP16)."""
+    brings AMX-BF16 on every CPU that has it; float16 with AVX512-FP16 or AMX-FP16, as oneDNN reports them, which
+    ONEDNN_MAX_CPU_ISA can lower: torch has no report of AVX512-FP16 of its own)."""
     if dtype == torch.bfloat16:
         return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if dtype == torch.float16:
