@@ -203,7 +203,8 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
             and linear.weight.dtype in PACKED_DTYPES
             and not torch.compiler.is_compiling()
             and kernels_chosen_by_timing()
-            and (kernel := fastest_packed_kernel(*linear.weight.shape[::-1], threads, linear.weight.dtype)) is not None
+            and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads, linear.weight.dtype))
+            is not None
         ):
             linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
             linear.packed_kernel = kernel
