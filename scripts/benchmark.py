@@ -62,7 +62,7 @@ from hf_vaswani import VaswaniConfig
 from hf_vaswani.decoding.shortlist import Shortlist
 from hf_vaswani.kernels.allocator import reuse_freed_memory
 from hf_vaswani.kernels.cpu import kernelize, onednn_product, packed_weights
-from hf_vaswani.kernels.cpu_features import cpu_float_type_problem
+from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works, cpu_float_type_problem
 from hf_vaswani.kernels.quantization import quantize_int8
 
 PRESETS = {
@@ -580,8 +580,13 @@ def main() -> None:
     transformers_logging.disable_progress_bar()
     bf16_problem = cpu_float_type_problem(torch.bfloat16)
     precisions = args.precisions or [p for p in PRECISIONS if p != "bf16" or bf16_problem is None]
-    if bf16_problem and ("bf16" in precisions or args.train_dtype == "bf16"):
-        raise SystemExit(f"bf16: {bf16_problem}")
+    if bf16_problem and "bf16" in precisions:
+        raise SystemExit(f"bf16 decoding: {bf16_problem}")
+    if args.train_dtype == "bf16" and not cpu_bf16_matmul_works():  # emulated bf16 trains, as `vaswani train --bf16`
+        raise SystemExit(
+            "--train-dtype bf16: a bfloat16 matmul crashes this machine (illegal instruction: AMX advertised, not "
+            "enabled); run with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX-512 BF16 instead"
+        )
     if args.reuse_freed_memory and not reuse_freed_memory():
         raise SystemExit("--reuse-freed-memory: the C library is not glibc")
     torch.manual_seed(args.seed)
