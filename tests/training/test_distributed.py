@@ -92,22 +92,25 @@ def single_process_run(tmp_path_factory, data_file) -> Path:
     return output
 
 
+def sharded_run(output: Path, data_file: Path, launcher: list[str]) -> Path:
+    """The tiny run in 2 processes of 1 batch each under `launcher`, sharded checkpoints every FSDP_SAVE_EVERY steps."""
+    run(
+        [*launcher, "--main_process_port", str(free_port())]
+        + tiny_run(data_file, output, 1, STEPS, FSDP_SAVE_EVERY, 0.0)
+    )
+    return output
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory, data_file) -> Path:
-    """2 processes under `accelerate launch --use_fsdp`, sharded checkpoints every FSDP_SAVE_EVERY steps."""
-    output = tmp_path_factory.mktemp("fsdp")
-    launcher = [*ACCELERATE_2_CPU_PROCESSES_FSDP, "--main_process_port", str(free_port())]
-    run(launcher + tiny_run(data_file, output, 1, STEPS, FSDP_SAVE_EVERY, 0.0))
-    return output
+    """Under `accelerate launch --use_fsdp`."""
+    return sharded_run(tmp_path_factory.mktemp("fsdp"), data_file, ACCELERATE_2_CPU_PROCESSES_FSDP)
 
 
 @pytest.fixture(scope="module")
 def fsdp2_run(tmp_path_factory, data_file) -> Path:
-    """2 processes under `accelerate launch --use_fsdp --fsdp_version 2`, checkpoints every FSDP_SAVE_EVERY steps."""
-    output = tmp_path_factory.mktemp("fsdp2")
-    launcher = [*ACCELERATE_2_CPU_PROCESSES_FSDP2, "--main_process_port", str(free_port())]
-    run(launcher + tiny_run(data_file, output, 1, STEPS, FSDP_SAVE_EVERY, 0.0))
-    return output
+    """Under `accelerate launch --use_fsdp --fsdp_version 2`."""
+    return sharded_run(tmp_path_factory.mktemp("fsdp2"), data_file, ACCELERATE_2_CPU_PROCESSES_FSDP2)
 
 
 def assert_equal_states(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
