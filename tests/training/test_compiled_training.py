@@ -110,7 +110,9 @@ def test_the_compiled_step_compiles_once_for_each_padded_shape_and_computes_the_
         compilations.append(graph)
         return make_boxed_func(graph.forward)
 
-    # AOTAutograd's joint trace: a forward graph counted, and its backward graph
+    # AOTAutograd's joint trace: a forward graph counted, and its backward graph. Dynamo's recompilation limit counts
+    # per code object, and the model's forward shares one with what earlier tests in this process compiled: cleared.
+    torch.compiler.reset()
     backend = aot_autograd(fw_compiler=counted, bw_compiler=lambda graph, inputs: make_boxed_func(graph.forward))
     compiled = torch.compile(trainer.model, fullgraph=True, dynamic=False, backend=backend)
     shapes = set()
