@@ -52,7 +52,7 @@ from .run_folder import (
 )
 from .schedule import TrainingTimeBudgetCallback
 from .settings import RecipeSettings, model_config, setting_flag
-from .trainer import VaswaniTrainer, paper_training_arguments, tokenize_corpus
+from .trainer import TrainingDiverged, VaswaniTrainer, paper_training_arguments, tokenize_corpus
 
 VALIDATION_SCORES = ("eval_bleu", "eval_lowercased_tokenized_bleu")  # what ValidationBleuCallback logs
 
@@ -150,6 +150,11 @@ def train_and_write(corpus: DatasetDict, run: RecipeRun, previous_run: dict | No
         return {}
     # The averaged folder carries the last checkpoint's generation config (the paper's decoding).
     model = kernelize(VaswaniForConditionalGeneration.from_pretrained(averaging.averaged_path).to(trainer.args.device))
+    if not all(parameter.isfinite().all() for parameter in model.parameters()):  # diverged after the last check
+        raise TrainingDiverged(
+            f"training diverged: the average of {', '.join(path.name for path in averaging.checkpoints)} holds "
+            "non-finite weights; no model is written"
+        )
     results = scored_results(corpus, run, model, tokenizer, trainer, averaging, precision, train_seconds)
     results["total_seconds"] = round(time.perf_counter() - started, 1)
     write_run_outputs(corpus, run, model, tokenizer, results, trainer.state.log_history)

@@ -58,43 +58,76 @@ class TrainingTimeBudgetCallback(TrainerCallback):
     last step, which a number of steps cannot promise on CPUs that differ in speed (as fairseq's `--stop-time-hours`
     does for a schedule without an end).
 
-    At each step the last step is projected from the mean step time so far (validation and checkpoints included).
-    Before the cooldown begins it is capped by `args.max_steps` and moves either way. During the cooldown it only comes
-    sooner, where the machine has slowed down: the learning rate then falls from where it is to zero at the new last
-    step, steeper than planned, rather than the run overrunning its time. A resumed run ends at the step its
-    checkpoint's schedule holds. One process only: several would each project their own last step.
+    At each step the last step is projected from the time left and the step rate over the later half of the steps so
+    far (validation and checkpoint pauses included at their share). The first steps' one-time costs (the first batch,
+    kernels timed or compiled) thus drop out of the rate as the run goes on, and step 1, which carries most of them,
+    never counts. The projection is sound once it agrees within `SETTLED` with the one made at half as many steps: until
+    then the end stays where the schedule has it (`args.max_steps`) and no cooldown begins early, unless time is up.
+
+    Before the cooldown begins the projected end is capped by `args.max_steps` and moves either way; a projection too
+    close for the whole cooldown begins a shorter one at once. During the cooldown the end only comes sooner, where the
+    machine has slowed down: the learning rate then falls from where it is to zero at the new last step, steeper than
+    planned, rather than the run overrunning its time. A resumed run ends at the step its checkpoint's schedule holds.
+    One process only: several would each project their own last step. The run's last step is logged.
     """
+
+    SETTLED = 0.1  # the relative difference of two projections, at step n and n // 2, below which they are sound
 
     def __init__(self, minutes: float) -> None:
         if minutes <= 0:
             raise UsageError(f"minutes must be positive, got {minutes}")
         self.seconds = 60 * minutes
-        self.schedule: PaperSchedule | None = None  # these three are set when training begins
-        self.started = 0.0
+        self.schedule: PaperSchedule | None = None  # these are set when training begins
         self.resumed = False
+        self.step_ends: list[float] = []  # the clock when training began, then at the end of each step
+        self.projections: list[int | None] = []  # the last step projected at each step (None: not yet)
+        self.settled = False
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs) -> None:
         self.schedule = lr_scheduler.lr_lambdas[0]  # VaswaniTrainer's PaperSchedule
-        self.started = time.perf_counter()
         self.resumed = state.global_step > 0
+        self.step_ends, self.projections, self.settled = [time.perf_counter()], [None], False
         state.max_steps = self.schedule.total_steps
 
+    def projected_last_step(self, step: int) -> int | None:
+        """The step at which the budget runs out at the rate of steps (step // 2, step], step 1 left out; None at step
+        1. Multiplied before dividing: a whole number of steps comes out exact."""
+        first = max(1, step // 2)
+        window_seconds = self.step_ends[step] - self.step_ends[first]
+        if step == first or window_seconds <= 0:
+            return None
+        seconds_left = max(0.0, self.seconds - (self.step_ends[step] - self.step_ends[0]))
+        return step + int(seconds_left * (step - first) / window_seconds)
+
     def on_step_end(self, args, state, control, **kwargs) -> None:
-        schedule, step, cooldown = self.schedule, state.global_step, self.schedule.cooldown_steps or 0
         if self.resumed:
             return
-        projected = int(self.seconds * step / (time.perf_counter() - self.started))
-        if step < schedule.total_steps - cooldown:
-            schedule.total_steps = state.max_steps = max(step + cooldown, min(args.max_steps, projected))
-        elif cooldown and projected < schedule.total_steps:
-            # The scheduler has already given update `step` its factor (T - step) / C; the new line to zero at T'
-            # passes through it: (T' - step) / C' with C' = (T' - step) * C / (T - step). T' is at least the next
-            # step, which DefaultFlowCallback then still sees.
-            end = max(step + 1, projected)
-            if end < schedule.total_steps:
+        schedule, step, cooldown = self.schedule, state.global_step, self.schedule.cooldown_steps or 0
+        self.step_ends.append(time.perf_counter())
+        projected = self.projected_last_step(step)
+        self.projections.append(projected)
+        earlier = self.projections[step // 2]
+        self.settled = self.settled or (
+            projected is not None and earlier is not None and abs(projected - earlier) <= self.SETTLED * projected
+        )
+        end = None
+        if cooldown and step >= schedule.total_steps - cooldown:  # in the cooldown: the end only comes sooner
+            if projected is not None and projected < schedule.total_steps:
+                # The scheduler has already given update `step` its factor (T - step) / C; the new line to zero at T'
+                # passes through it: (T' - step) / C' with C' = (T' - step) * C / (T - step). T' is at least the next
+                # step, which DefaultFlowCallback then still sees.
+                end = max(step + 1, projected)
                 schedule.cooldown_steps *= (end - step) / (schedule.total_steps - step)
-                schedule.total_steps = state.max_steps = end
-        if step >= state.max_steps:  # time is up without a cooldown; DefaultFlowCallback has already seen this step
+        elif self.step_ends[step] - self.step_ends[0] >= self.seconds or (projected is not None and projected <= step):
+            end = step  # time is up before any cooldown
+        elif self.settled:  # before the cooldown: the end moves either way, within max_steps
+            end = min(args.max_steps, projected)
+            if end < step + cooldown:  # too little time for the whole cooldown: a shorter one begins now
+                schedule.cooldown_steps = end - step
+        if end is not None:
+            schedule.total_steps = state.max_steps = end
+        if step >= state.max_steps:  # DefaultFlowCallback has already seen this step
             control.should_training_stop = True
+            control.should_log = True  # the last interval's loss, also in a run shorter than its logging interval
             if args.save_strategy == "steps":
                 control.should_save = True

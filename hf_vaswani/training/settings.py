@@ -14,6 +14,7 @@ from ..data.tokenization import BPE_KINDS, VOCAB_SIZE
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import LENGTH_PENALTY_TYPES, check_generation_settings
+from .schedule import paper_learning_rate
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
 # Settings that another decides to leave unused: (that other, whether it must be set for them to count). Given a value
@@ -30,6 +31,9 @@ OWN_RANGES = ("label_smoothing", "length_penalty", "num_beams", "eval_bleu_num_b
 INTEGER_LIMIT = 2**63
 # numpy's generator takes seeds of [0, 2**32) (transformers' set_seed seeds it, torch's and Python's).
 SEED_LIMIT = 2**32
+# The highest peak learning rate accepted: Adam moves each weight by about the learning rate an update, and at 1 one
+# update moves the weights (of size ~0.1) by ten times their size. Recipes that train peak 200 times lower.
+MAX_PEAK_LEARNING_RATE = 1.0
 # How a refused type's message names the types a setting takes.
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "None"}
 # VaswaniConfig fields the recipe takes from the tokenizer it trains, with the setting that controls them (None: none).
@@ -340,7 +344,14 @@ class RecipeSettings:
                 close = difflib.get_close_matches(key, OVERRIDABLE_FIELDS, n=1)
                 hint = f"did you mean {close[0]}?" if close else f"the fields are {', '.join(OVERRIDABLE_FIELDS)}"
                 raise UsageError(f"{setting_flag('model_overrides')} {key}: VaswaniConfig has no such field ({hint})")
-        model_config(self)  # the preset with the overrides, its vocabulary a placeholder: refuses bad values now
+        config = model_config(self)  # the preset with the overrides, a placeholder vocabulary: refuses bad values now
+        peak = self.learning_rate_scale * paper_learning_rate(self.warmup_steps, config.d_model, self.warmup_steps)
+        if peak > MAX_PEAK_LEARNING_RATE:
+            raise UsageError(
+                f"{setting_flag('learning_rate_scale')} {self.learning_rate_scale} makes Eq. 3's peak learning rate "
+                f"{peak:.3g} (d_model {config.d_model}, {setting_flag('warmup_steps')} {self.warmup_steps}), far above "
+                f"anything that trains (at most {MAX_PEAK_LEARNING_RATE})"
+            )
 
 
 def check_setting_type(name: str, value: object, annotation: object) -> None:

@@ -8,6 +8,7 @@ and the exact learning-rate formula (§5.3, Eq. 3, `paper_lr_scheduler`).
 """
 
 import inspect
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -116,6 +117,11 @@ class TokenIdCheckingCollator:
         return batch
 
 
+class TrainingDiverged(UsageError):
+    """The training loss, its cross-entropy or the gradient norm is not finite: the run stops, as fairseq's does on a
+    NaN loss, keeping the checkpoints saved before and saving none of the diverged weights."""
+
+
 class VaswaniTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's token-based batches (§5.1) and learning-rate schedule (§5.3, Eq. 3).
 
@@ -132,6 +138,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
     cross-entropy unless its config sets smoothing. Each training log entry has `nll_loss` beside `loss`: the
     cross-entropy of the target tokens of the same steps, all processes' (fairseq logs both), in nats per token; its
     exp is the training perplexity.
+
+    A run whose training loss, cross-entropy or gradient norm turns non-finite stops with `TrainingDiverged` at the next
+    training log, or before the next checkpoint if one comes first (from the cross-entropy summed since the last log):
+    steps that read values on the host anyway, so a micro-batch reads none. Checkpoints saved before stay.
     """
 
     def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
@@ -236,6 +246,24 @@ class VaswaniTrainer(Seq2SeqTrainer):
             if tokens:  # every token of the steps since the last log, on every process, weighted alike (as fairseq)
                 logs = {"loss": logs["loss"], "nll_loss": nll_sum / tokens, **logs}
         super().log(logs, start_time)
+        if "loss" in logs:  # a training log
+            for name in ("loss", "nll_loss", "grad_norm"):
+                if name in logs and not math.isfinite(logs[name]):
+                    self.diverged(f"the training {name} logged there is {logs[name]}")
+
+    def save_model(self, *args, **kwargs) -> None:
+        # Before a checkpoint between two logs: the cross-entropy summed since the last log, once, on every process.
+        if self._logged_nll_and_tokens is not None:
+            nll_sum = self.accelerator.gather(self._logged_nll_and_tokens).view(-1, 2)[:, 0].sum().item()
+            if not math.isfinite(nll_sum):
+                self.diverged(f"the training cross-entropy summed since the last log is {nll_sum}")
+        super().save_model(*args, **kwargs)
+
+    def diverged(self, what: str) -> None:
+        raise TrainingDiverged(
+            f"training diverged at step {self.state.global_step}: {what}; the checkpoints saved before it are kept in "
+            f"{self.args.output_dir}, and no weights of the diverged model are saved"
+        )
 
     def create_scheduler(
         self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None

@@ -25,12 +25,12 @@ COMMAND_LINE_PROBES = {
     dict: ["-1", "nan", "d_model", "=1"],  # not KEY=VALUE
 }
 # Probes a user may mean: the plain cross-entropy, the seed 0, no length penalty or one favouring short outputs, and a
-# float setting without an upper bound that dependencies take as it is.
+# float setting without an upper bound that dependencies take as it is (the learning-rate scale has one: the peak it
+# makes).
 LEGITIMATE = {
     "label_smoothing": ["0"],
     "seed": ["0"],
     "length_penalty": ["-1", "0", str(2**64)],
-    "learning_rate_scale": [str(2**64)],
     "adam_epsilon": [str(2**64)],
     "max_grad_norm": [str(2**64)],
     "max_train_minutes": [str(2**64)],
@@ -109,6 +109,16 @@ def test_values_of_the_declared_range_and_kind_are_taken() -> None:
     settings = RecipeSettings(seed=2**32 - 1, label_smoothing=0, learning_rate_scale=2, max_train_minutes=30)
     assert (settings.seed, settings.label_smoothing, settings.learning_rate_scale) == (2**32 - 1, 0, 2)
     assert RecipeSettings(max_steps=2**63 - 1).max_steps == 2**63 - 1
+
+
+def test_a_learning_rate_scale_is_refused_by_the_peak_it_makes() -> None:
+    # Eq. 3 peaks at warmup: d_model^-0.5 * warmup^-0.5, here 128^-0.5 * 800^-0.5 = 1 / 320: a scale of 330 peaks
+    # above 1, the limit. The published Multi30k recipe's 2.53 is far below.
+    overrides = {"d_model": 128, "d_ff": 256, "num_heads": 4}
+    accepted = RecipeSettings(model_overrides=overrides, warmup_steps=800, learning_rate_scale=300)
+    assert accepted.learning_rate_scale == 300
+    with pytest.raises(UsageError, match=r"^--learning-rate-scale 330 makes Eq. 3's peak learning rate 1.03 \(d_model"):
+        RecipeSettings(model_overrides=overrides, warmup_steps=800, learning_rate_scale=330)
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])

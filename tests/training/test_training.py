@@ -18,6 +18,8 @@ from tiny import (
     toy_dataset,
     toy_settings,
     toy_tokenizer,
+    toy_train_options,
+    write_corpus_files,
 )
 from torch import nn
 from transformers import (
@@ -31,6 +33,7 @@ from transformers import (
 
 import hf_vaswani  # noqa: F401
 from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from hf_vaswani.cli import main
 from hf_vaswani.data.bpe_dropout import BpeDropoutPairs, resegmented_batch_sampler
 from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
 from hf_vaswani.model.generation_vaswani import paper_generation_config
@@ -365,6 +368,69 @@ def test_time_budget_without_a_cooldown_stops_and_saves_when_time_is_up(tmp_path
     assert (tmp_path / "out" / "checkpoint-14").is_dir()
     with pytest.raises(ValueError, match="--max-train-minutes must be positive"):
         RecipeSettings(max_train_minutes=0)
+
+
+def test_time_budget_is_spent_when_the_first_step_is_slow(tmp_path, saved_model, monkeypatch) -> None:
+    # Step 1 costs 61 s (compilation, kernel timing, the first batch), the others 1 s: a 2-minute budget has room for
+    # 60 steps. A rate counted from step 1 would project 2, and with the cooldown beginning at once end at step 11.
+    step_seconds, cooldown = [61.0] + [1.0] * 99, 10
+    trainer = budgeted_trainer(tmp_path, saved_model, monkeypatch, step_seconds, minutes=2, cooldown_steps=cooldown)
+    trainer.train()
+    steps = trainer.state.global_step
+    assert 0.9 * 120 <= sum(step_seconds[:steps]) <= 120 + 1
+    d_model = trainer.model.config.d_model
+    factors = [
+        entry["learning_rate"] / eq3(entry["step"], d_model, 5)
+        for entry in trainer.state.log_history
+        if "learning_rate" in entry
+    ]
+    # Eq. 3 until the cooldown's planned length before the end, then down to 1 / cooldown_steps at the last step
+    assert factors[: steps - cooldown] == pytest.approx([1.0] * (steps - cooldown))
+    assert factors[-cooldown:] == pytest.approx([(cooldown - i) / cooldown for i in range(cooldown)])
+    assert trainer.lr_scheduler.lr_lambdas[0].total_steps == steps
+
+
+def test_a_run_shorter_than_its_logging_interval_writes_its_results(tmp_path, monkeypatch) -> None:
+    # A clock on which each reading is 1 s later: a 6 s budget ends the run within a few steps, before step 50's log.
+    monkeypatch.setattr(schedule, "time", SimpleNamespace(perf_counter=itertools.count().__next__))
+    options = toy_train_options(max_steps=100, save_steps=10, average_last=1, logging_steps=50, max_train_minutes=0.1)
+    main(["train", "--output-dir", str(tmp_path / "run"), *write_corpus_files(tmp_path), *options])  # exits 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert 1 <= results["steps"] < 50 and math.isfinite(results["final_training_loss"])
+    assert (tmp_path / "run" / "training_curves.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("logging_steps", "seen"),
+    [(2, "training diverged at step 6: the training loss logged there is nan"), (4, "at step 6: the training cross")],
+)
+def test_a_diverged_run_stops_at_its_next_log_or_checkpoint_keeping_those_before(
+    logging_steps, seen, tmp_path, monkeypatch, capfd
+) -> None:
+    # The weights blow up in step 5. With a log every 2 steps, step 6's log sees it; with one every 4 steps, the
+    # checkpoint of step 6 comes first, and is not saved.
+    original = VaswaniTrainer.compute_loss
+
+    def diverging(self, model, inputs, *args, **kwargs):
+        if model.training and self.state.global_step == 4:
+            with torch.no_grad():
+                model.get_input_embeddings().weight.fill_(math.inf)
+        return original(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(VaswaniTrainer, "compute_loss", diverging)
+    options = toy_train_options(max_steps=12, save_steps=2, average_last=2, logging_steps=logging_steps)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--output-dir", str(run), *write_corpus_files(tmp_path), *options])
+    assert stopped.value.code == 2
+    error = capfd.readouterr().err
+    error = error[error.index("vaswani train: error: ") :]  # after the progress bar
+    assert seen in error and error.count("\n") == 1, error
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    for checkpoint in ("checkpoint-2", "checkpoint-4"):
+        weights = AutoModelForSeq2SeqLM.from_pretrained(run / "checkpoints" / checkpoint).parameters()
+        assert all(weight.isfinite().all() for weight in weights)
+    assert not (run / "model").exists() and not (run / "results.json").exists()
 
 
 def test_whole_recipe_writes_a_loadable_scored_model_folder(tmp_path) -> None:
