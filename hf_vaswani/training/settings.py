@@ -107,7 +107,7 @@ class RecipeSettings:
         default=1.0,
         metadata={
             "help": "factor on Eq. 3's learning rate (1.0: the paper's; a small d_model makes Eq. 3's peak high, a "
-            "short run may want it higher still)"
+            "short run may want it higher still); a peak above 1 is refused"
         },
     )
     adam_epsilon: float = field(
@@ -131,9 +131,10 @@ class RecipeSettings:
     max_train_minutes: float | None = field(
         default=None,
         metadata={
-            "help": "end training after about this many minutes: the last step is projected from the step rate so far "
-            "(at most --max-steps), so the cooldown still ends there; once the cooldown has begun, a slower rate "
-            "brings the end sooner, the learning rate falling more steeply; one process; None: --max-steps alone"
+            "help": "end training after about this many minutes: the last step is projected from the step rate over "
+            "the later half of the steps so far (at most --max-steps; the first steps' one-time costs left out), so "
+            "the cooldown still ends there; once the cooldown has begun, a slower rate brings the end sooner, the "
+            "learning rate falling more steeply; one process; None: --max-steps alone"
         },
     )
     average_last: int = field(default=5, metadata={"help": "checkpoints averaged into the final model (§6.1)"})
