@@ -139,9 +139,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
     cross-entropy of the target tokens of the same steps, all processes' (fairseq logs both), in nats per token; its
     exp is the training perplexity.
 
-    A run whose training loss, cross-entropy or gradient norm turns non-finite stops with `TrainingDiverged` at the next
-    training log, or before the next checkpoint if one comes first (from the cross-entropy summed since the last log):
-    steps that read values on the host anyway, so a micro-batch reads none. Checkpoints saved before stay.
+    A run whose training loss, cross-entropy or gradient norm (but under fp16's loss scaling) turns non-finite stops
+    with `TrainingDiverged` at the next training log, or before the next checkpoint if one comes first (from the
+    cross-entropy summed since the last log): steps that read values on the host anyway, so a micro-batch reads none.
+    Checkpoints saved before stay.
     """
 
     def __init__(self, *args, max_tokens: int | None = None, cooldown_steps: int | None = None, **kwargs) -> None:
@@ -247,7 +248,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 logs = {"loss": logs["loss"], "nll_loss": nll_sum / tokens, **logs}
         super().log(logs, start_time)
         if "loss" in logs:  # a training log
-            for name in ("loss", "nll_loss", "grad_norm"):
+            # fp16's loss scaler skips a step whose gradients overflow, and lowers the scale: a step it handles
+            watched = ("loss", "nll_loss") if self.args.fp16 else ("loss", "nll_loss", "grad_norm")
+            for name in watched:
                 if name in logs and not math.isfinite(logs[name]):
                     self.diverged(f"the training {name} logged there is {logs[name]}")
 
