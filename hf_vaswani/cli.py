@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import types
@@ -13,6 +14,7 @@ from .decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
 from .files import check_input_file, check_output_file, new_folder
 from .kernels.allocator import reuse_freed_memory
 from .model.errors_vaswani import UsageError
+from .text_io import PipeClosed
 from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
 
@@ -291,7 +293,9 @@ def command_translate(args: argparse.Namespace) -> None:
         )
         lines = list(nbest_lines(nbest, alignments))
     else:
-        lines = translate(model, tokenizer, sentences, batch_size=args.batch_size, **options)
+        lines = translate(
+            model, tokenizer, sentences, batch_size=args.batch_size, progress=sys.stderr.isatty(), **options
+        )
         if args.alignments:
             alignments = align_pairs(model, tokenizer, sentences, lines, alignment_layer, args.batch_size)
             lines = [f"{line} ||| {alignment_text(pairs)}" for line, pairs in zip(lines, alignments, strict=True)]
@@ -333,6 +337,7 @@ def command_evaluate(args: argparse.Namespace) -> None:
     from .decoding.loading import load_model_folder
     from .decoding.scoring import translate_and_score
     from .decoding.translation import check_batch_size
+    from .text_io import print_lines
 
     check_input_file(args.source, "--source")
     check_input_file(args.reference, "--reference")
@@ -342,10 +347,17 @@ def command_evaluate(args: argparse.Namespace) -> None:
     model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code, args.dtype)
     options = shortlist_options(args, model)
     hypotheses, report = translate_and_score(
-        model, tokenizer, test["source"], test["target"], args.target_lang, batch_size=args.batch_size, **options
+        model,
+        tokenizer,
+        test["source"],
+        test["target"],
+        args.target_lang,
+        batch_size=args.batch_size,
+        progress=sys.stderr.isatty(),
+        **options,
     )
     report["sentences"] = len(hypotheses)
-    print(json.dumps(report, indent=2))
+    print_lines(json.dumps(report, indent=2).split("\n"), sys.stdout)
 
 
 def command_plot_attention(args: argparse.Namespace) -> None:
@@ -616,6 +628,11 @@ def main(argv: list[str] | None = None) -> None:
         reuse_freed_memory()  # steps that free and allocate the same tensors skip the page faults (allocator.py)
     try:
         args.handler(args)
+    except PipeClosed:
+        # Python's documented SIGPIPE handling: stdout goes to /dev/null, or the interpreter's flush of it at exit
+        # fails again. Exit 0, so that `vaswani translate ... | head -1` succeeds under `set -o pipefail`.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
     # The user's mistake (the package's UsageError), a missing or unwritable file, damaged weights: one line naming
     # it, exit code 2. Anything else is a bug and keeps its traceback, with a note saying so.
     except (UsageError, OSError, SafetensorError) as error:

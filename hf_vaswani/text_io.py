@@ -36,9 +36,22 @@ def as_one_line(text: str) -> str:
     return text.translate(LINE_BREAKS_TO_SPACES)
 
 
+class PipeClosed(Exception):
+    """The reader of the output closed its end of the pipe (`vaswani translate ... | head -1`): nothing is wrong, no
+    one reads the rest."""
+
+
 def print_lines(lines: Iterable[str], target: TextIO) -> None:
-    """Stream one line per item to `target`, each made one line (`as_one_line`); `files.write_lines` for a file."""
-    target.writelines(as_one_line(line) + "\n" for line in lines)
+    """Stream one line per item to `target`, each made one line (`as_one_line`); `files.write_lines` for a file.
+
+    A pipe whose reader has gone raises `PipeClosed`; `target` is flushed here, so that a closed pipe shows at this
+    call rather than at the interpreter's exit.
+    """
+    try:
+        target.writelines(as_one_line(line) + "\n" for line in lines)
+        target.flush()
+    except BrokenPipeError as error:
+        raise PipeClosed from error
 
 
 def alignment_text(alignment: Sequence[tuple[int, int]]) -> str:

@@ -1,12 +1,17 @@
 """Every mistake in the inference commands is one line `vaswani <command>: error: ...`, exit code 2, no traceback;
 no code from a model folder runs unless asked; no output is half-written or lost."""
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
+import pty
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -477,3 +482,93 @@ def test_a_mistake_is_one_line_and_an_unexpected_error_keeps_its_traceback(tmp_p
         "command line and this traceback"
     ), bug.stderr
     assert not (tmp_path / "averaged").exists()
+
+
+# 6. A reader that closes the pipe
+
+
+def smallest_pipe() -> tuple[int, int]:
+    """A pipe (read end, write end) holding one page, the least the kernel gives: a command writing into it is still
+    writing when its output is a few pages long."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1)  # rounded up to one page
+    return read_end, write_end
+
+
+def pipe_size() -> int:
+    read_end, write_end = smallest_pipe()
+    size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    os.close(read_end)
+    os.close(write_end)
+    return size
+
+
+def run_into_closing_reader(argv: list[str], lines_read: int, environment: dict[str, str]) -> tuple[int, str, bytes]:
+    """Run `vaswani ARGV` with its stdout the smallest pipe, read by this process: `lines_read` lines, then the pipe
+    is closed, as `head -1` closes it. Returns the exit status, stderr and what was read."""
+    read_end, write_end = smallest_pipe()
+    command = [sys.executable, "-m", "hf_vaswani.cli", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **environment}
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.PIPE, env=env) as run:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb", buffering=0) as reader:  # unbuffered: no more than those lines is read
+            read = b"".join(reader.readline() for _ in range(lines_read))
+        stderr = run.stderr.read().decode()
+        status = run.wait(timeout=300)
+    return status, stderr, read
+
+
+@pytest.mark.parametrize("buffering", [{}, {"PYTHONUNBUFFERED": "1"}], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("command", ["translate", "score"])
+def test_a_reader_that_closes_the_pipe_after_one_line_ends_the_command_quietly(
+    tiny_folder, tmp_path, command, buffering
+) -> None:
+    """`vaswani translate ... | head -1`: no message, and exit status 0, so that a pipeline under `set -o pipefail`
+    succeeds. Every output line is at least its "\\n" and there are 4 pipes' worth of lines: more than the pipe and
+    the command's own 8 KiB buffer hold, so the command is still writing when its reader goes."""
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("red cat sun\nblue dog\n" * 2 * pipe_size())
+    arguments = {
+        "translate": ["--input", str(sentences), "--num-beams", "1"],
+        "score": ["--source", str(sentences), "--target", str(sentences)],
+    }[command]
+    status, stderr, read = run_into_closing_reader(
+        [command, str(tiny_folder), *arguments, "--batch-size", "1024"], 1, buffering
+    )
+    assert read.endswith(b"\n")
+    assert stderr == ""
+    assert status == 0
+
+
+def test_a_reader_that_closes_the_pipe_before_evaluate_prints_ends_it_quietly(tiny_folder, tmp_path) -> None:
+    """evaluate prints a few hundred bytes at its end, which a pipe takes whole: its reader closes before it writes."""
+    (tmp_path / "test.src").write_text("red cat sun\nblue dog\n")
+    (tmp_path / "test.ref").write_text("RED CAT SUN\nBLUE DOG\n")
+    argv = ["evaluate", str(tiny_folder), "--source", str(tmp_path / "test.src")]
+    status, stderr, _ = run_into_closing_reader([*argv, "--reference", str(tmp_path / "test.ref")], 0, {})
+    assert stderr == ""
+    assert status == 0
+
+
+def test_the_progress_bar_shows_on_a_terminal_only(tiny_folder, tmp_path) -> None:
+    """stderr a terminal: translate shows its progress; the pipe tests above show that elsewhere it prints nothing."""
+    (tmp_path / "in.txt").write_text("red cat sun\nblue dog\n")
+    terminal, terminal_of_the_command = pty.openpty()
+    # 24 rows of 80 columns: a new terminal has none, and a progress bar would fit nothing into it
+    fcntl.ioctl(terminal_of_the_command, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    command = [sys.executable, "-m", "hf_vaswani.cli", "translate", str(tiny_folder), "--input"]
+    result = subprocess.run(
+        [*command, str(tmp_path / "in.txt")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=terminal_of_the_command,
+        timeout=300,
+    )
+    os.close(terminal_of_the_command)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO: Linux's end of a terminal whose other end is closed, all read
+        while chunk := os.read(terminal, 4096):
+            shown += chunk
+    os.close(terminal)
+    assert result.returncode == 0 and result.stdout.count(b"\n") == 2
+    assert b"Translating" in shown

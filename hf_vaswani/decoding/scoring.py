@@ -139,17 +139,18 @@ def translate_and_score(
     references: Sequence[str],
     target_lang: str,
     batch_size: int = 64,
+    progress: bool = True,
     **generate_kwargs,
 ) -> tuple[list[str], dict]:
-    """Translate a test set (`generate_kwargs` go to `generate`) and score it (unrounded): sacreBLEU and chrF2 with
-    their signatures, the paper's tokenized BLEU, BLEU on lowercased Moses-tokenized text (the Multi30k literature's
-    number) with its signature, and BLEU on the text's whitespace tokens (fairseq's scorer: the published Multi30k
-    number on prepared text)."""
+    """Translate a test set (`generate_kwargs` go to `generate`; `progress`: a progress bar on stderr) and score it
+    (unrounded): sacreBLEU and chrF2 with their signatures, the paper's tokenized BLEU, BLEU on lowercased
+    Moses-tokenized text (the Multi30k literature's number) with its signature, and BLEU on the text's whitespace
+    tokens (fairseq's scorer: the published Multi30k number on prepared text)."""
     # Here, not at the top: evaluate and sacrebleu take seconds to import, which forced decoding and the CLI's parser
     # (NORMALIZATIONS) do without.
     from .metrics import corpus_scores, lowercased_tokenized_bleu, tokenized_bleu, whitespace_bleu
 
-    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, **generate_kwargs)
+    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=progress, **generate_kwargs)
     scores = corpus_scores(hypotheses, references)
     report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
     report["tokenized_bleu"] = tokenized_bleu(hypotheses, references, lang=target_lang)
