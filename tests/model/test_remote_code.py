@@ -1,16 +1,21 @@
 """A saved folder loads with trust_remote_code=True where hf_vaswani cannot be imported, with the same logits, as the
-plain model; the files that travel use no torch operator outside its public API and import no private name of
-transformers (the private GenerationMixin hooks they override: tests/interop/test_private_api.py)."""
+plain model, and its tokenizer as docs/deployment.md says; the files that travel use no torch operator outside its
+public API and import no private name of transformers (the private GenerationMixin hooks they override:
+tests/interop/test_private_api.py)."""
 
 import ast
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_without_hf_vaswani
-from tiny import SMALLEST_MODEL, random_model
+from helpers import REFUSE_HF_VASWANI, run_without_hf_vaswani
+from test_docs import ROOT, fenced_blocks
+from tiny import SMALLEST_MODEL, random_model, save_untrained_folder
+from transformers import PreTrainedTokenizerFast
 
 import hf_vaswani
 from hf_vaswani.interop.hub import required_files
@@ -106,6 +111,78 @@ def test_a_model_under_fsdp2_saves_its_own_code(tmp_path: Path) -> None:
         LOADER, [str(tmp_path / "sharded"), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], tmp_path
     )
     assert report["model_module"].startswith("transformers_modules") and report["hf_vaswani_loaded"] is False
+
+
+TOKENIZER_LOADER = """
+import json, sys, time
+
+folder = sys.argv[1]
+started = time.perf_counter()
+{loading}
+seconds = time.perf_counter() - started
+print()  # a question transformers asks ends without a line break
+print(json.dumps({{"seconds": seconds, "class": type(tokenizer).__name__, "ids": tokenizer(sys.argv[2:]).input_ids,
+                  "hf_vaswani_loaded": any(m.startswith("hf_vaswani") for m in sys.modules)}}))
+"""
+REMOTE_CODE_QUESTION = "Do you wish to run the custom code?"
+MODEL_TYPE_WARNING = "You are using a model of type"
+TOKENIZED = ["red cat sun", "blue dog"]
+AUTO_TOKENIZER = "from transformers import AutoTokenizer\ntokenizer = AutoTokenizer.from_pretrained(folder{})"
+
+
+def documented_tokenizer_loading() -> str:
+    """docs/deployment.md's Python that loads the tokenizer where hf_vaswani is not imported."""
+    blocks = [block.text for language, block in fenced_blocks(ROOT / "docs" / "deployment.md") if language == "python"]
+    (loading,) = [text for text in blocks if ".from_pretrained(folder)" in text]
+    return loading
+
+
+def load_tokenizer_in_a_fresh_process(
+    folder: Path, loading: str, hf_vaswani_importable: bool, workdir: Path
+) -> tuple[str, dict]:
+    """Run `loading` (Python that binds `tokenizer` from `folder`) in a fresh interpreter, offline, its stdin closed:
+    (what it printed, stdout and stderr together; its report)."""
+    script = TOKENIZER_LOADER.format(loading=loading)
+    path = workdir / "load_tokenizer.py"
+    path.write_text((REFUSE_HF_VASWANI if not hf_vaswani_importable else "") + script)
+    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    command = [sys.executable, str(path), str(folder), *TOKENIZED]
+    result = subprocess.run(command, input="", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("loading", "hf_vaswani_importable"),
+    [
+        (documented_tokenizer_loading(), False),
+        (AUTO_TOKENIZER.format(", trust_remote_code=True"), False),
+        ("import hf_vaswani\n" + AUTO_TOKENIZER.format(""), True),
+    ],
+    ids=["documented", "trust_remote_code", "hf_vaswani imported"],
+)
+def test_the_tokenizer_loads_without_a_question_or_a_warning(tmp_path, loading, hf_vaswani_importable) -> None:
+    """A saved folder's tokenizer, in a fresh process with stdin closed and the Hub offline: no question, no warning
+    about the model type, under 5 seconds (the question waits 15 where stdin is open), and the ids of the tokenizer
+    saved."""
+    folder = save_untrained_folder(tmp_path / "model")
+    printed, report = load_tokenizer_in_a_fresh_process(folder, loading, hf_vaswani_importable, tmp_path)
+    assert REMOTE_CODE_QUESTION not in printed and MODEL_TYPE_WARNING not in printed, printed
+    assert report["seconds"] < 5
+    assert report["hf_vaswani_loaded"] is hf_vaswani_importable
+    assert report["class"] == "TokenizersBackend"  # the one class AutoTokenizer gives these folders
+    saved = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    assert report["ids"] == saved(TOKENIZED).input_ids
+
+
+def test_auto_tokenizer_without_the_package_still_asks(tmp_path) -> None:
+    """The limitation docs/deployment.md states: where it no longer holds, the docs must say so."""
+    folder = save_untrained_folder(tmp_path / "model")
+    printed, _ = load_tokenizer_in_a_fresh_process(folder, AUTO_TOKENIZER.format(""), False, tmp_path)
+    assert REMOTE_CODE_QUESTION in printed and MODEL_TYPE_WARNING in printed, (
+        "transformers now loads the tokenizer of a folder with remote code without asking: docs/deployment.md and "
+        f"the README's limitations say otherwise; it printed: {printed}"
+    )
 
 
 def non_public_names(tree: ast.Module) -> list[tuple[int, str]]:
