@@ -1,5 +1,5 @@
 """Checks shared by the tests: the trained fixture's criterion, refused commands, code run without hf_vaswani, reads
-on the host counted."""
+on the host counted, transformers' example script's options."""
 
 import itertools
 import json
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import random_model
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
@@ -51,6 +52,35 @@ def run_without_hf_vaswani(script: str, args: list[str], workdir: Path) -> dict:
     lines = result.stdout.strip().splitlines()
     assert lines, f"no output; stderr: {result.stderr[-3000:]}"
     return json.loads(lines[-1])
+
+
+RUN_TRANSLATION_OPTIONS = {
+    "model_name_or_path",
+    "trust_remote_code",
+    "source_lang",
+    "target_lang",
+    "train_file",
+    "validation_file",
+    "test_file",
+    "num_beams",
+}
+"""The options of transformers' run_translation.py that are its own (its ModelArguments and DataTrainingArguments)
+and that docs/training.md gives: tests/interop/test_example_scripts.py runs the script's flow with each."""
+
+
+def run_translation_options(arguments: list[str]) -> tuple[Seq2SeqTrainingArguments, dict[str, str]]:
+    """run_translation.py's `arguments` as its parser takes them: the training arguments, by transformers' own parser,
+    and the script's own options (each of RUN_TRANSLATION_OPTIONS, with a value) by name."""
+    parser = HfArgumentParser(Seq2SeqTrainingArguments)
+    training, rest = parser.parse_args_into_dataclasses(arguments, return_remaining_strings=True)
+    flags, values = rest[::2], rest[1::2]
+    assert len(flags) == len(values) and all(flag.startswith("--") for flag in flags), f"not option and value: {rest}"
+    options = {flag.removeprefix("--"): value for flag, value in zip(flags, values, strict=True)}
+    unknown = sorted(set(options) - RUN_TRANSLATION_OPTIONS)
+    assert not unknown, (
+        f"neither a training argument nor an option the tests run run_translation.py's flow with: {unknown}"
+    )
+    return training, options
 
 
 def refused(capture: pytest.CaptureFixture, argv: list[str], *named: str) -> str:

@@ -1,6 +1,6 @@
 """The docs cannot drift from the code: the README's Python runs, every `vaswani` command line of README.md and
-docs/*.md parses with the current command-line parser, and every link, file and `hf_vaswani.` name they mention
-exists."""
+docs/*.md parses with the current command-line parser, as every command line of transformers' example script does with
+the script's, and every link, file and `hf_vaswani.` name they mention exists."""
 
 import contextlib
 import importlib
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import run_translation_options
 from tiny import save_untrained_folder
 
 from hf_vaswani.cli import build_parser
@@ -24,6 +25,12 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 PACKAGE_NAME = re.compile(r"\bhf_vaswani(?:\.[A-Za-z_]\w*)+")
 FILE_NAME = re.compile(r"(?<![\w./-])[\w./-]+\.(?:py|sh)\b")
 SHELL_OPERATORS = set("();<>|&")
+# A command's own message ("vaswani train: error: ..."), quoted in the prose: not a command line.
+COMMAND_MESSAGE = re.compile(r"vaswani [\w-]+: ")
+EXAMPLE_SCRIPT = "run_translation.py"
+# Files the docs name that are not this repository's: transformers' example script, and the metric script that the
+# commands beside it write.
+FILES_ELSEWHERE = {f"examples/pytorch/translation/{EXAMPLE_SCRIPT}", EXAMPLE_SCRIPT, "sacrebleu/sacrebleu.py"}
 # The README's Python opens the main job's model folder by this path, relative to the working directory.
 DEMO_MODEL = Path("demo_output") / "model"
 
@@ -124,8 +131,34 @@ def command_lines() -> list[Snippet]:
         for language, block in fenced_blocks(path):
             if language in ("bash", "sh", "shell", "console"):
                 found += [line for line in shell_lines(block) if vaswani_arguments(line.text) is not None]
-        found += [span for span in code_spans(path) if span.text.startswith("vaswani ")]
+        found += [
+            span
+            for span in code_spans(path)
+            if span.text.startswith("vaswani ") and not COMMAND_MESSAGE.match(span.text)
+        ]
     return found
+
+
+def example_script_arguments(text: str) -> list[str] | None:
+    """The arguments a command line gives transformers' example script (run by `python` or `torchrun`); None when the
+    line does not run it."""
+    tokens = words(text)
+    for index, token in enumerate(tokens):
+        if token.endswith(EXAMPLE_SCRIPT):
+            return tokens[index + 1 :]
+    return None
+
+
+def example_script_lines() -> list[Snippet]:
+    """Every shell line of the docs that runs transformers' example script."""
+    return [
+        line
+        for path in DOCS
+        for language, block in fenced_blocks(path)
+        if language in ("bash", "sh", "shell", "console")
+        for line in shell_lines(block)
+        if example_script_arguments(line.text) is not None
+    ]
 
 
 def parse(arguments: list[str]) -> str | None:
@@ -144,6 +177,7 @@ def test_the_docs_have_what_this_file_checks() -> None:
     """Guards the extraction: with the README's blocks or commands missed, the tests below would check nothing."""
     assert any(language == "python" for language, _ in fenced_blocks(README))
     assert {line.path for line in command_lines()} >= {README, ROOT / "docs" / "training.md"}
+    assert {line.path for line in example_script_lines()} == {ROOT / "docs" / "training.md"}
 
 
 def test_the_readme_python_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +205,13 @@ def test_a_command_line_of_the_docs_parses(line: Snippet) -> None:
     assert error is None, f"{line.where()}: `{line.text}` does not parse with the current `vaswani` parser: {error}"
 
 
+@pytest.mark.parametrize("line", example_script_lines(), ids=Snippet.where)
+def test_a_command_line_of_the_example_script_parses(line: Snippet) -> None:
+    """Its training arguments parse with transformers' parser, and its own options are among those that
+    tests/interop/test_example_scripts.py runs the script's flow with."""
+    run_translation_options(example_script_arguments(line.text))
+
+
 def heading_anchors(path: Path) -> set[str]:
     """The anchors GitHub gives `path`'s headings: lowercased, punctuation dropped, spaces as hyphens."""
     headings = [line.lstrip("#").strip() for line in prose(path).splitlines() if line.startswith("#")]
@@ -190,7 +231,7 @@ def test_links_and_files_the_docs_name_exist(path: Path) -> None:
             missing.append(f"line {text.count(chr(10), 0, match.start()) + 1}: link {match.group(1)}")
     code = [span.text for span in code_spans(path)] + [block.text for _, block in fenced_blocks(path)]
     for name in sorted({name for piece in code for name in FILE_NAME.findall(piece)}):
-        if not ((ROOT / name).exists() or (ROOT / "hf_vaswani" / name).exists()):
+        if name not in FILES_ELSEWHERE and not ((ROOT / name).exists() or (ROOT / "hf_vaswani" / name).exists()):
             missing.append(f"file {name}")
     assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {'; '.join(missing)}"
 
