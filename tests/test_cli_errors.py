@@ -1,5 +1,6 @@
 """Every mistake in the inference commands is one line `vaswani <command>: error: ...`, exit code 2, no traceback;
-no code from a model folder runs unless asked; no output is half-written or lost."""
+no code from a model folder runs unless asked; no output is half-written or lost; a reader that closes the pipe ends a
+command quietly."""
 
 import contextlib
 import errno
