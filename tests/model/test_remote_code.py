@@ -117,6 +117,7 @@ TOKENIZER_LOADER = """
 import json, sys, time
 
 folder = sys.argv[1]
+{prelude}
 started = time.perf_counter()
 {loading}
 seconds = time.perf_counter() - started
@@ -138,11 +139,11 @@ def documented_tokenizer_loading() -> str:
 
 
 def load_tokenizer_in_a_fresh_process(
-    folder: Path, loading: str, hf_vaswani_importable: bool, workdir: Path
+    folder: Path, loading: str, hf_vaswani_importable: bool, workdir: Path, prelude: str = ""
 ) -> tuple[str, dict]:
-    """Run `loading` (Python that binds `tokenizer` from `folder`) in a fresh interpreter, offline, its stdin closed:
-    (what it printed, stdout and stderr together; its report)."""
-    script = TOKENIZER_LOADER.format(loading=loading)
+    """Run `prelude`, then `loading` (Python that binds `tokenizer` from `folder`, timed) in a fresh interpreter,
+    offline, its stdin closed: (what it printed, stdout and stderr together; its report)."""
+    script = TOKENIZER_LOADER.format(prelude=prelude, loading=loading)
     path = workdir / "load_tokenizer.py"
     path.write_text((REFUSE_HF_VASWANI if not hf_vaswani_importable else "") + script)
     env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
@@ -153,20 +154,21 @@ def load_tokenizer_in_a_fresh_process(
 
 
 @pytest.mark.parametrize(
-    ("loading", "hf_vaswani_importable"),
+    ("prelude", "loading", "hf_vaswani_importable"),
     [
-        (documented_tokenizer_loading(), False),
-        (AUTO_TOKENIZER.format(", trust_remote_code=True"), False),
-        ("import hf_vaswani\n" + AUTO_TOKENIZER.format(""), True),
+        ("import torch, transformers", documented_tokenizer_loading(), False),
+        ("import torch, transformers", AUTO_TOKENIZER.format(", trust_remote_code=True"), False),
+        ("import hf_vaswani", AUTO_TOKENIZER.format(""), True),
     ],
     ids=["documented", "trust_remote_code", "hf_vaswani imported"],
 )
-def test_the_tokenizer_loads_without_a_question_or_a_warning(tmp_path, loading, hf_vaswani_importable) -> None:
+def test_the_tokenizer_loads_without_a_question_or_a_warning(tmp_path, prelude, loading, hf_vaswani_importable) -> None:
     """A saved folder's tokenizer, in a fresh process with stdin closed and the Hub offline: no question, no warning
-    about the model type, under 5 seconds (the question waits 15 where stdin is open), and the ids of the tokenizer
-    saved."""
+    about the model type, loaded in under 5 seconds (the question waits 15 where stdin is open; importing torch,
+    transformers or the package first, as a program would at its start, is not counted), and the saved tokenizer's
+    ids."""
     folder = save_untrained_folder(tmp_path / "model")
-    printed, report = load_tokenizer_in_a_fresh_process(folder, loading, hf_vaswani_importable, tmp_path)
+    printed, report = load_tokenizer_in_a_fresh_process(folder, loading, hf_vaswani_importable, tmp_path, prelude)
     assert REMOTE_CODE_QUESTION not in printed and MODEL_TYPE_WARNING not in printed, printed
     assert report["seconds"] < 5
     assert report["hf_vaswani_loaded"] is hf_vaswani_importable
