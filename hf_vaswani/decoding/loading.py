@@ -29,7 +29,7 @@ from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import check_generation_settings
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-from ..training.checkpoints import has_sharded_weights, read_sharded_weights
+from ..sharded_weights import has_sharded_weights, read_sharded_weights
 
 
 def check_device(device: str) -> torch.device:

@@ -29,13 +29,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..model.errors_vaswani import UsageError
-from .checkpoints import (
-    MODEL_CONFIG,
-    SHARDED_WEIGHTS,
-    has_sharded_weights,
-    read_sharded_weights,
-    sharded_weight_shapes,
-)
+from ..sharded_weights import SHARDED_WEIGHTS, has_sharded_weights, read_sharded_weights, sharded_weight_shapes
+from .checkpoints import MODEL_CONFIG
 
 __all__ = ["average_checkpoints", "last_checkpoints"]
 

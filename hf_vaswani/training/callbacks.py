@@ -16,8 +16,8 @@ from ..decoding.metrics import corpus_scores, lowercased_tokenized_bleu
 from ..decoding.translation import translate
 from ..files import replace_folder
 from ..model.errors_vaswani import UsageError
+from ..sharded_weights import has_sharded_weights
 from .averaging import average_checkpoints, last_checkpoints
-from .checkpoints import has_sharded_weights
 
 logger = logging.getLogger(__name__)
 

@@ -157,7 +157,7 @@ def test_accelerate_fsdp2_prepare_model_groups_the_input_and_output_embeddings_w
 
 
 def test_accelerate_save_fsdp_model_writes_sharded_weights_where_the_package_reads_them() -> None:
-    """training/checkpoints.py reads a checkpoint's sharded weights from accelerate's folder FSDP_MODEL_NAME_0, saved
+    """sharded_weights.py reads a checkpoint's sharded weights from accelerate's folder FSDP_MODEL_NAME_0, saved
     as {"model": state_dict} (so named "model.<name>" in the distributed checkpoint)."""
     from accelerate.utils.fsdp_utils import save_fsdp_model
 

@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 from tiny import capitalised_pairs
 
 from hf_vaswani.decoding.loading import load_model_folder
-from hf_vaswani.training.checkpoints import SHARDED_WEIGHTS, checkpoint_problem
+from hf_vaswani.sharded_weights import SHARDED_WEIGHTS
+from hf_vaswani.training.checkpoints import checkpoint_problem
 
 SCRIPT = Path(__file__).parents[1] / "tiny_training_run.py"
 ACCELERATE_2_CPU_PROCESSES = [

@@ -18,9 +18,10 @@ from transformers import TrainerControl, TrainerState
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.decoding.loading import load_model_folder
 from hf_vaswani.model.errors_vaswani import UsageError
+from hf_vaswani.sharded_weights import SHARDED_WEIGHTS
 from hf_vaswani.training.averaging import average_checkpoints
 from hf_vaswani.training.callbacks import CheckpointAveragingCallback
-from hf_vaswani.training.checkpoints import SHARDED_OPTIMIZER, SHARDED_WEIGHTS, checkpoint_problem
+from hf_vaswani.training.checkpoints import SHARDED_OPTIMIZER, checkpoint_problem
 
 
 def save_dcp(state: dict, folder: Path) -> None:
