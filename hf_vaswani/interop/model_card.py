@@ -1,31 +1,27 @@
 """The model card (README.md) of a trained model folder, filled from the package's model_card.md template."""
 
-import platform
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import Protocol
 
-import torch
 from transformers import GenerationConfig
 
 from ..files import write_text
 from ..model.configuration_vaswani import VaswaniConfig
-from ..training.settings import RecipeSettings
 
 
-def cpu_model_name() -> str:
-    """The CPU's model name as lscpu prints it (from /proc/cpuinfo on Linux), else what the platform reports."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
+class CardSettings(Protocol):
+    """The training settings the card compares with the paper's (a `vaswani train` run's RecipeSettings has them)."""
 
-
-def gpu_name(device: torch.device) -> str | None:
-    """The GPU's name where `device` is one (a run's scores then follow its kernels), else None."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    label_smoothing: float
+    bpe_dropout: float | None
+    max_tokens: int
+    update_freq: int
+    adam_epsilon: float
+    max_grad_norm: float | None
+    warmup_steps: int
+    average_last: int
 
 
 def exponent(value: float) -> str:
@@ -37,7 +33,7 @@ def exponent(value: float) -> str:
 def write_model_card(
     model_dir: Path,
     config: VaswaniConfig,
-    settings: RecipeSettings,
+    settings: CardSettings,
     results: dict,
     source_lang: str,
     target_lang: str,

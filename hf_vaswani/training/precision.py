@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from ..interop.model_card import cpu_model_name
 from ..kernels.cpu import kernelize
 from ..kernels.cpu_features import cpu_bf16_matmul_works
+from ..machine import cpu_model_name
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration

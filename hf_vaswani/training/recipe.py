@@ -25,8 +25,9 @@ from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from ..decoding.scoring import translate_and_score
 from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
 from ..files import copy_missing_entries, replace_folder, write_text
-from ..interop.model_card import cpu_model_name, gpu_name, write_model_card
+from ..interop.model_card import write_model_card
 from ..kernels.cpu import kernelize
+from ..machine import cpu_model_name, gpu_name
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import paper_generation_config
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
