@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE
 from .files import check_input_file, check_output_file, new_folder
+from .gpu_policy import default_device
 from .kernels.allocator import reuse_freed_memory
 from .model.errors_vaswani import UsageError
 from .text_io import PipeClosed
@@ -451,7 +452,7 @@ def add_shortlist_argument(parser: argparse.ArgumentParser) -> None:
 def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool = True) -> None:
     """How an inference command loads its model folder: device, int8, and whether the folder's code may run."""
     if devices:
-        parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+        parser.add_argument("--device", default=default_device())
         parser.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the Linear layers (CPU)")
         parser.add_argument(
             "--dtype",
@@ -611,12 +612,6 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.set_defaults(handler=command_push)
     return parser
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> None:

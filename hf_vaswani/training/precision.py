@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ..gpu_policy import default_training_precision
 from ..kernels.cpu import kernelize
 from ..kernels.cpu_features import cpu_bf16_matmul_works
 from ..machine import cpu_model_name
@@ -56,8 +57,8 @@ def training_precision(settings: RecipeSettings) -> str:
     chosen = [name for name in ("bf16", "fp16", "fp32") if getattr(settings, name)]
     if chosen:
         return chosen[0]
-    if torch.cuda.is_available():  # bf16 tensor cores: faster wherever the GPU has them
-        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    precision = default_training_precision()
+    if precision is not None:
         print(f"training in {precision} on {torch.cuda.get_device_name()}", file=sys.stderr)
         return precision
     if not settings.bf16_if_faster:

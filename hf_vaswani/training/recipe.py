@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from datasets import DatasetDict
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -17,7 +16,6 @@ from transformers import (
     TrainerState,
     set_seed,
 )
-from transformers.utils import is_torch_tf32_available
 
 from .. import save_model_folder
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process
@@ -25,6 +23,7 @@ from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from ..decoding.scoring import translate_and_score
 from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
 from ..files import copy_missing_entries, replace_folder, write_text
+from ..gpu_policy import batch_loader_workers, compile_mode, compiles, uses_tf32
 from ..interop.model_card import write_model_card
 from ..kernels.cpu import kernelize
 from ..machine import cpu_model_name, gpu_name
@@ -229,10 +228,7 @@ def recipe_trainer(
         model=model,
         args=args,
         train_dataset=tokenized,
-        # lengths a multiple of 8 suit a GPU's tensor cores; on a CPU they would only add padding
-        data_collator=DataCollatorForSeq2Seq(
-            tokenizer, model=model, pad_to_multiple_of=8 if torch.cuda.is_available() else None
-        ),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
         max_tokens=settings.max_tokens,
         cooldown_steps=settings.cooldown_steps,
@@ -415,6 +411,7 @@ def last_logged_loss(log_history: list[dict]) -> float:
 def training_arguments(settings: RecipeSettings, output_dir: Path, precision: str) -> Seq2SeqTrainingArguments:
     """The Trainer's arguments of a run: the paper's (`paper_training_arguments`) with the settings', checkpoints in
     `output_dir`, training in `precision` ("bf16", "fp16" or "fp32")."""
+    compiled = compiles(settings.torch_compile)
     return paper_training_arguments(
         output_dir,
         max_steps=settings.max_steps,
@@ -433,28 +430,11 @@ def training_arguments(settings: RecipeSettings, output_dir: Path, precision: st
         full_determinism=settings.full_determinism,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        torch_compile=compiles(settings),
-        torch_compile_mode=compile_mode(settings),
-        # On a GPU: fp32 products on TF32 tensor cores, and batches made by two workers while it computes. On a CPU
-        # the cores that would make them train.
-        tf32=torch.cuda.is_available() and is_torch_tf32_available(),
-        dataloader_num_workers=2 if torch.cuda.is_available() else 0,
+        torch_compile=compiled,
+        torch_compile_mode=compile_mode(compiled, settings.update_freq),
+        tf32=uses_tf32(),
+        dataloader_num_workers=batch_loader_workers(),
     )
-
-
-def compiles(settings: RecipeSettings) -> bool:
-    """Whether the run trains the model compiled: as set, else on a CUDA GPU."""
-    return torch.cuda.is_available() if settings.torch_compile is None else settings.torch_compile
-
-
-def compile_mode(settings: RecipeSettings) -> str | None:
-    """torch.compile's mode of a compiled run: on a CUDA GPU with one batch an update, "reduce-overhead", each step's
-    kernels captured in CUDA graphs and replayed in one launch (a small model's step is otherwise bound by launching
-    them one by one; VaswaniTrainer bounds the batch shapes graphs are kept for); else the default. Not with gradient
-    accumulation: CUDA graph trees give the first micro-batch's gradients to `.grad` in the graphs' memory, which the
-    next micro-batch's replay overwrites (pytorch#169545), so the accumulated gradients would be wrong."""
-    captures = compiles(settings) and torch.cuda.is_available() and settings.update_freq == 1
-    return "reduce-overhead" if captures else None
 
 
 def check_epoch_checkpoints(settings: RecipeSettings, updates_per_epoch: int) -> None:

@@ -19,14 +19,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTraine
 
 from ..data.batching import BoundedShapeCollator, TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
+from ..gpu_policy import PADDING_MULTIPLE, pads_batches
 from ..kernels.cpu_features import cpu_bf16_matmul_works
 from ..model.checks_vaswani import check_token_ids
 from ..model.errors_vaswani import UsageError
 from .schedule import paper_lr_scheduler
-
-# A compiled run's batches have rows and lengths padded to a multiple of this: a few dozen shapes in five epochs of
-# Multi30k (tests/training/test_compiled_training.py), and tensor cores' preferred multiple.
-SHAPE_MULTIPLE = 8
 
 
 def paper_training_arguments(output_dir: str | Path, **overrides) -> Seq2SeqTrainingArguments:
@@ -127,8 +124,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     With `max_tokens`, each training batch holds sentence pairs of similar length with at most `max_tokens` (padded)
     source tokens and as many target tokens, sharded over processes so that each pair is seen once per epoch;
-    `per_device_train_batch_size` is then unused. Compiled (`args.torch_compile`), its batches take few shapes
-    (`BoundedShapeCollator`): rows and lengths padded to a multiple of 8.
+    `per_device_train_batch_size` is then unused. Compiled (`args.torch_compile`) or on a CUDA GPU, its batches take
+    few shapes (`BoundedShapeCollator`): rows and lengths padded to a multiple of 8 (`gpu_policy.pads_batches`).
 
     The schedule uses `args.warmup_steps` and the model's d_model, scaled by `args.learning_rate`, and with
     `cooldown_steps` falls linearly to zero over the run's last steps (`paper_lr_scheduler`).
@@ -152,10 +149,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.max_tokens = max_tokens
         self.cooldown_steps = cooldown_steps
         config = self.model.config
-        if self.args.torch_compile:
+        if pads_batches(self.args.torch_compile, self.args.device):
             self.data_collator = BoundedShapeCollator(
                 self.data_collator,
-                SHAPE_MULTIPLE,
+                PADDING_MULTIPLE,
                 config.pad_token_id,
                 config.eos_token_id,
                 config.decoder_start_token_id,

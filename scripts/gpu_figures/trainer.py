@@ -117,9 +117,7 @@ def trainer_throughput(run: Run, preset: str, compiled: bool) -> dict[str, Any]:
             model=model,
             args=arguments,
             train_dataset=synthetic_pairs(sizes, vocab_size),
-            data_collator=DataCollatorForSeq2Seq(
-                tokenizer, model=model, pad_to_multiple_of=8 if run.device.type == "cuda" else None
-            ),
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
             processing_class=tokenizer,
             max_tokens=settings.max_tokens,
             callbacks=[clock],

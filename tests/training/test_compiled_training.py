@@ -21,10 +21,11 @@ from hf_vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from hf_vaswani.cli import build_parser, settings_from_args
 from hf_vaswani.data.batching import TokenBatchSampler
 from hf_vaswani.data.tokenization import train_shared_bpe
+from hf_vaswani.gpu_policy import PADDING_MULTIPLE, compile_mode, compiles, pads_batches
 from hf_vaswani.training import precision
-from hf_vaswani.training.recipe import compile_mode, compiles, training_arguments
+from hf_vaswani.training.recipe import training_arguments
 from hf_vaswani.training.settings import DEMO_SETTINGS
-from hf_vaswani.training.trainer import SHAPE_MULTIPLE, VaswaniTrainer, paper_training_arguments
+from hf_vaswani.training.trainer import VaswaniTrainer, paper_training_arguments
 
 MAX_TOKENS = 96
 
@@ -78,7 +79,7 @@ def loss_and_gradients(trainer: VaswaniTrainer, model: torch.nn.Module, batch: d
 
 
 def rounded_up(size: int) -> int:
-    return -(-size // SHAPE_MULTIPLE) * SHAPE_MULTIPLE
+    return -(-size // PADDING_MULTIPLE) * PADDING_MULTIPLE
 
 
 def test_added_rows_and_padding_change_neither_the_loss_nor_a_gradient(tmp_path, tokenizer) -> None:
@@ -88,7 +89,7 @@ def test_added_rows_and_padding_change_neither_the_loss_nor_a_gradient(tmp_path,
     trainer = compiled_trainer(tmp_path, tokenizer, pairs)
     plain_collator = DataCollatorForSeq2Seq(tokenizer, model=trainer.model)
     sampler = trainer.get_train_dataloader().base_dataloader.batch_sampler
-    features = next(batch for batch in ([pairs[i] for i in rows] for rows in sampler) if len(batch) % SHAPE_MULTIPLE)
+    features = next(batch for batch in ([pairs[i] for i in rows] for rows in sampler) if len(batch) % PADDING_MULTIPLE)
     bounded, plain = trainer.data_collator(features), plain_collator(features)
     for name in ("input_ids", "attention_mask", "labels", "decoder_input_ids"):
         assert bounded[name].shape == tuple(map(rounded_up, plain[name].shape)), name
@@ -159,15 +160,18 @@ def test_on_a_cuda_gpu_training_is_compiled_and_bf16_by_default(monkeypatch, tmp
     assert DEMO_SETTINGS.torch_compile is None and not cpu.torch_compile and not cpu.bf16
     compiled = replace(DEMO_SETTINGS, torch_compile=True)
     assert training_arguments(compiled, tmp_path, "fp32").torch_compile
-    assert compile_mode(compiled) is None  # no CUDA graphs off CUDA
+    assert training_arguments(compiled, tmp_path, "fp32").torch_compile_mode is None  # no CUDA graphs off CUDA
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CUDA GPU")
     assert precision.training_precision(DEMO_SETTINGS) == "bf16"
-    assert compiles(DEMO_SETTINGS) and compile_mode(DEMO_SETTINGS) == "reduce-overhead"  # captured in CUDA graphs
-    # but not where gradients accumulate over micro-batches, nor where not compiled
-    assert compile_mode(replace(DEMO_SETTINGS, update_freq=2)) is None
-    assert compile_mode(replace(DEMO_SETTINGS, torch_compile=False)) is None
+    assert compiles(DEMO_SETTINGS.torch_compile)
+    assert compile_mode(compiles(DEMO_SETTINGS.torch_compile), DEMO_SETTINGS.update_freq) == "reduce-overhead"
+    # captured in CUDA graphs, but not where gradients accumulate over micro-batches, nor where not compiled
+    assert compile_mode(True, 2) is None and compile_mode(compiles(False), 1) is None
+    # batches padded to the multiple where compiled or on a CUDA GPU, eager or not; on the CPU only where compiled
+    assert pads_batches(False, torch.device("cuda")) and pads_batches(True, torch.device("cpu"))
+    assert not pads_batches(False, torch.device("cpu"))
     parser = build_parser()
     train = ["train", "--output-dir", str(tmp_path)]
     assert parser.parse_args(train).torch_compile is None
