@@ -14,14 +14,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.dynamic_module_utils import custom_object_save
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -597,19 +595,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, PaperDecodingMixin
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def save_pretrained(self, save_directory, is_main_process: bool = True, **kwargs) -> None:
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # transformers 5 has no translation pipeline: saved folders (and push_to_hub) carry ours, so that
         # pipeline("translation", model=folder_or_repo, trust_remote_code=True) works.
         self.config.custom_pipelines = TRANSLATION_PIPELINE
-        own_class = next(cls for cls in type(self).__mro__ if cls.__module__ == __name__)
-        if own_class is not type(self) and own_class.is_remote_code():
-            # A wrapper's class (FSDP2's FSDPVaswaniForConditionalGeneration, defined in torch) would be saved as the
-            # model's code: this file's class is saved instead (custom_object_save reads only an object's class).
-            type(self)._auto_class = None
-            if is_main_process:
-                Path(save_directory).mkdir(parents=True, exist_ok=True)
-                custom_object_save(object.__new__(own_class), save_directory, config=self.config)
-        super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -9,13 +9,16 @@ and the exact learning-rate formula (§5.3, Eq. 3, `paper_lr_scheduler`).
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from datasets import Dataset, DatasetDict
+from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.dynamic_module_utils import custom_object_save
 
 from ..data.batching import BoundedShapeCollator, TokenBatchSampler
 from ..data.bpe_dropout import BpeDropoutPairs, check_one_process, resegmented_batch_sampler
@@ -96,6 +99,29 @@ def initialise_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     for group, learning_rate in zip(optimizer.param_groups, learning_rates, strict=True):
         group["lr"] = learning_rate
     optimizer.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def wrapped_class_code_saved(
+    model: PreTrainedModel, save_directory: str | Path, is_main_process: bool = True
+) -> Iterator[None]:
+    """While `model` is saved (`save_pretrained`) into `save_directory`: under FSDP2, whose fully_shard gives a model
+    a class of its own defined in torch (FSDPVaswaniForConditionalGeneration), the folder names and carries the code of
+    the class it wrapped, as a plain model's folder does, and not torch's file. Other models save as they are."""
+    wrapper = type(model)
+    if not isinstance(model, FSDPModule) or not wrapper.is_remote_code():
+        yield
+        return
+    wrapped = next(cls for cls in wrapper.__mro__ if not issubclass(cls, FSDPModule))
+    if is_main_process:
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        # custom_object_save reads only the object's class: an instance made without __init__ is enough
+        custom_object_save(object.__new__(wrapped), save_directory, config=model.config)
+    wrapper._auto_class = None  # save_pretrained saves no code of the wrapper's
+    try:
+        yield
+    finally:
+        del wrapper._auto_class  # the wrapped class's again
 
 
 class TokenIdCheckingCollator:
@@ -205,6 +231,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if checkpoint is not None and self.is_fsdp_enabled and not self.optimizer.state:
             initialise_optimizer_state(self.optimizer)
         super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # Every save of the model goes through this hook of Trainer's (tests/interop/test_private_api.py)
+        with wrapped_class_code_saved(self.model, output_dir or self.args.output_dir, self.args.should_save):
+            super()._save(output_dir, state_dict)
 
     def train(self, *args, **kwargs):
         self._logged_nll_and_tokens = None  # as Trainer starts its loss sum afresh

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 import torch
-from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig
+from transformers import GenerationConfig, GenerationMixin, PreTrainedConfig, PreTrainedModel
 
 from hf_vaswani.model.generation_vaswani import PaperDecodingMixin
 
@@ -85,6 +85,12 @@ def test_torch_cpu_ops_of_the_cpu_kernels(namespace: str, name: str) -> None:
     assert hasattr(getattr(torch.ops, namespace), name), f"torch.ops.{namespace}.{name} is gone"
 
 
+@pytest.mark.parametrize("name", ["linear_prepack", "linear_dynamic"])
+def test_torch_quantized_ops_of_the_shortlists_int8_projection(name: str) -> None:
+    """decoding/search.py packs and multiplies an int8 output projection narrowed to a shortlist with these."""
+    assert hasattr(torch.ops.quantized, name), f"torch.ops.quantized.{name} is gone"
+
+
 def test_huggingface_hub_http_error_is_its_clients_error_base() -> None:
     """`vaswani push` catches huggingface_hub.errors.HTTPError for connection failures, which are not OSErrors."""
     from huggingface_hub import errors
@@ -142,6 +148,23 @@ def test_trainer_load_optimizer_and_scheduler() -> None:
     assert hook is not None, "Trainer._load_optimizer_and_scheduler is gone"
     assert list(inspect.signature(hook).parameters) == ["self", "checkpoint"]
     assert "self._load_optimizer_and_scheduler(" in inspect.getsource(Trainer), "Trainer no longer calls the hook"
+
+
+def test_trainer_save() -> None:
+    """VaswaniTrainer saves a model FSDP2 wrapped with the code of the class it wrapped by overriding this hook, through
+    which Trainer's save_model saves every model, given the folder and, under FSDP, the state dict."""
+    from transformers import Trainer
+
+    hook = getattr(Trainer, "_save", None)
+    assert hook is not None, "Trainer._save is gone"
+    assert list(inspect.signature(hook).parameters) == ["self", "output_dir", "state_dict"]
+    assert "self._save(output_dir, state_dict=state_dict)" in inspect.getsource(Trainer.save_model), (
+        "Trainer.save_model no longer saves through _save"
+    )
+    # and it keeps save_pretrained from saving the code of FSDP2's class by the class attribute that says to save any
+    assert "_auto_class" in vars(PreTrainedModel), "PreTrainedModel._auto_class is gone"
+    assert "cls._auto_class is not None" in inspect.getsource(PreTrainedModel.is_remote_code)
+    assert "self.is_remote_code()" in inspect.getsource(PreTrainedModel.save_pretrained)
 
 
 def test_accelerate_fsdp2_prepare_model_groups_the_input_and_output_embeddings_when_tied() -> None:

@@ -87,32 +87,6 @@ def test_remote_code_load_without_hf_vaswani(tmp_path: Path) -> None:
     assert torch.equal(remote["generated"], local_generated)
 
 
-def test_a_model_under_fsdp2_saves_its_own_code(tmp_path: Path) -> None:
-    """FSDP2 gives a model a class of its own, defined in torch (FSDPVaswaniForConditionalGeneration): saved as its
-    whole-model checkpoint, the folder still names and carries the package's code, as a plain model's does, and loads
-    where hf_vaswani cannot be imported."""
-    model = random_model(0, SMALLEST_MODEL)
-    model.save_pretrained(tmp_path / "plain")
-    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
-    try:
-        torch.distributed.fsdp.fully_shard(model)
-        assert type(model).__module__.startswith("torch.distributed.fsdp")
-        model.save_pretrained(tmp_path / "sharded", state_dict=weights)  # accelerate gathers the state dict so
-    finally:
-        torch.distributed.destroy_process_group()
-    saved = {name: json.loads((tmp_path / name / "config.json").read_text()) for name in ("plain", "sharded")}
-    assert saved["sharded"]["auto_map"] == saved["plain"]["auto_map"]
-    assert sorted(os.listdir(tmp_path / "sharded")) == sorted(os.listdir(tmp_path / "plain"))
-    inputs = {name: torch.tensor([ids]) for name, ids in [("input_ids", [5, 6, 2]), ("attention_mask", [1, 1, 1])]}
-    inputs["decoder_input_ids"] = torch.tensor([[1, 7]])
-    torch.save(inputs, tmp_path / "inputs.pt")
-    report = run_without_hf_vaswani(
-        LOADER, [str(tmp_path / "sharded"), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], tmp_path
-    )
-    assert report["model_module"].startswith("transformers_modules") and report["hf_vaswani_loaded"] is False
-
-
 TOKENIZER_LOADER = """
 import json, sys, time
 

@@ -214,7 +214,12 @@ def test_two_processes_under_trainers_fsdp_argument_equal_one_process(tmp_path, 
     assert_equals_one_process(output, single_process_run)
     assert (output / "fsdp_units.txt").read_text().split()[1:3] == ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
     for step in (FSDP_SAVE_EVERY, STEPS):
-        assert checkpoint_problem(output / f"checkpoint-{step}") is None
+        checkpoint = output / f"checkpoint-{step}"
+        assert checkpoint_problem(checkpoint) is None
+        # the package's code, as a plain model's checkpoint holds it, not torch's file of the class fully_shard made
+        auto_map = json.loads((checkpoint / "config.json").read_text())["auto_map"]
+        assert auto_map["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
+        assert [path.name for path in checkpoint.glob("*.py") if not path.name.endswith("_vaswani.py")] == []
     assert_average_of_gathered(output)
 
 

@@ -3,6 +3,7 @@ not, averaged and loaded as whole ones are. One process writes them here, the fo
 tests/training/test_distributed.py reads those of 2-process FSDP1 and FSDP2 runs."""
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -11,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import run_without_hf_vaswani
 from safetensors.torch import load_file
-from tiny import random_model, toy_tokenizer
+from tiny import SMALLEST_MODEL, random_model, toy_tokenizer
 from transformers import TrainerControl, TrainerState
 
 from hf_vaswani import VaswaniForConditionalGeneration
@@ -22,6 +24,20 @@ from hf_vaswani.sharded_weights import SHARDED_WEIGHTS
 from hf_vaswani.training.averaging import average_checkpoints
 from hf_vaswani.training.callbacks import CheckpointAveragingCallback
 from hf_vaswani.training.checkpoints import SHARDED_OPTIMIZER, checkpoint_problem
+from hf_vaswani.training.trainer import wrapped_class_code_saved
+
+# Loads a folder as the Hub's users do, with the code it carries, and says which module the model's class came from.
+REMOTE_CODE_LOADER = """
+import json, sys
+
+import torch
+from transformers import AutoModelForSeq2SeqLM
+
+model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+with torch.no_grad():
+    model(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.tensor([[1, 7]]))
+print(json.dumps({"model_module": type(model).__module__, "hf_vaswani_loaded": "hf_vaswani" in sys.modules}))
+"""
 
 
 def save_dcp(state: dict, folder: Path) -> None:
@@ -143,3 +159,26 @@ def test_the_averaging_callback_writes_the_model_files_beside_sharded_weights_on
     assert (loaded.name_or_path, loaded.generation_config.num_beams) == (str(tmp_path / "checkpoint-4"), 3)
     assert (tmp_path / "checkpoint-8" / "config.json").read_text() == "{}"  # whole weights: Trainer's files stay
     assert not (tmp_path / "checkpoint-8" / "tokenizer.json").exists()
+
+
+def test_a_model_under_fsdp2_saves_its_own_code(tmp_path: Path) -> None:
+    """FSDP2 gives a model a class of its own, defined in torch (FSDPVaswaniForConditionalGeneration): saved as its
+    whole-model checkpoint as VaswaniTrainer saves it, the folder still names and carries the package's code, as a
+    plain model's does, and loads where hf_vaswani cannot be imported."""
+    model = random_model(0, SMALLEST_MODEL)
+    model.save_pretrained(tmp_path / "plain")
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        torch.distributed.fsdp.fully_shard(model)
+        assert type(model).__module__.startswith("torch.distributed.fsdp")
+        with wrapped_class_code_saved(model, tmp_path / "sharded"):
+            model.save_pretrained(tmp_path / "sharded", state_dict=weights)  # accelerate gathers the state dict so
+        assert "_auto_class" not in vars(type(model))  # torch's class as it was
+    finally:
+        torch.distributed.destroy_process_group()
+    saved = {name: json.loads((tmp_path / name / "config.json").read_text()) for name in ("plain", "sharded")}
+    assert saved["sharded"]["auto_map"] == saved["plain"]["auto_map"]
+    assert sorted(os.listdir(tmp_path / "sharded")) == sorted(os.listdir(tmp_path / "plain"))
+    report = run_without_hf_vaswani(REMOTE_CODE_LOADER, [str(tmp_path / "sharded")], tmp_path)
+    assert report["model_module"].startswith("transformers_modules") and report["hf_vaswani_loaded"] is False
