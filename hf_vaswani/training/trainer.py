@@ -239,7 +239,12 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def train(self, *args, **kwargs):
         self._logged_nll_and_tokens = None  # as Trainer starts its loss sum afresh
-        return super().train(*args, **kwargs)
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            # The sum serves the checks of training's own saves, which every process makes. A save_model after
+            # training, which a script may call in its main process alone, must not gather it from the others.
+            self._logged_nll_and_tokens = None
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         # Training reads only the loss: on the CPU the model then never holds the full-vocabulary logits.
