@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .decoding.search import generate
+from .decoding.translation import Translator
 from .interop import convert
 from .kernels.cpu import kernelize
 from .model.configuration_vaswani import VaswaniConfig
@@ -35,6 +36,7 @@ VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
     "TranslationPipeline",
+    "Translator",
     "UsageError",
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",

@@ -1,6 +1,7 @@
 """What the package does differently on a CUDA GPU, decided here once: whether training is compiled and its steps
-captured in CUDA graphs, the default training precision, the padding of training batches, TF32 products, the batch
-loader's workers and the commands' default device. Each decision reads `torch.cuda.is_available()` when it is made."""
+captured in CUDA graphs, how decoding steps are compiled, the default training precision, the padding of training
+batches, TF32 products, the batch loader's workers and the commands' default device. Each decision reads
+`torch.cuda.is_available()` when it is made."""
 
 import torch
 from transformers.utils import is_torch_tf32_available
@@ -28,6 +29,18 @@ def compile_mode(compiled: bool, update_freq: int) -> str | None:
     next micro-batch's replay overwrites (pytorch#169545), so the accumulated gradients would be wrong."""
     captures = compiled and torch.cuda.is_available() and update_freq == 1
     return "reduce-overhead" if captures else None
+
+
+def step_compilation(compile: bool | dict, device_type: str) -> dict | None:
+    """torch.compile's options for a decoding step on an accelerator of `device_type`, where the package's search
+    compiles it (the CPU's steps run eagerly: its cache grows a position a step): `compile` itself where it gives
+    options; else (True) on CUDA "reduce-overhead", each step's kernels captured in CUDA graphs and replayed in one
+    launch, on another accelerator torch.compile's defaults; None (False): the steps run eagerly."""
+    if isinstance(compile, dict):
+        return compile
+    if not compile:
+        return None
+    return {"mode": "reduce-overhead"} if device_type == "cuda" else {}
 
 
 def pads_batches(compiled: bool, device: torch.device) -> bool:

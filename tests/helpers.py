@@ -9,8 +9,8 @@ import sys
 import textwrap
 from collections import Counter
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 import pytest
 import torch
@@ -20,7 +20,6 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from hf_vaswani import VaswaniForConditionalGeneration
 from hf_vaswani.cli import main
 from hf_vaswani.decoding import search
-from hf_vaswani.kernels import graphs
 from hf_vaswani.model import checks_vaswani, loss_vaswani, modeling_vaswani
 
 REFUSE_HF_VASWANI = """
@@ -232,10 +231,14 @@ def take_tensors_as_on_an_accelerator(
     as one graph (fullgraph: a break fails) and without dynamic shapes, so that each recompilation shows."""
     for module in (checks_vaswani, loss_vaswani, modeling_vaswani, search):
         monkeypatch.setattr(module, "values_wait_for_device", lambda tensor: True)
-    monkeypatch.setitem(graphs.STEP_COMPILATION, "cpu", {"backend": step_backend, "dynamic": False, "fullgraph": True})
-    torch._dynamo.reset()  # far from the recompilation limit, whatever the tests before compiled
-    # compiled afresh with these options, in the test's own cache of compiled steps: the loop's is back after it
-    monkeypatch.setattr(search, "captured", cache(graphs.captured.__wrapped__))
+    emulated = {"backend": step_backend, "dynamic": False, "fullgraph": True}
+    monkeypatch.setattr(
+        search,
+        "step_compilation",
+        lambda compile, device_type: compile if isinstance(compile, dict) else emulated if compile else None,
+    )
+    # the models' steps compiled afresh with these options: the states kept before are back after the test
+    monkeypatch.setattr(search, "MODEL_SEARCH_STATES", WeakKeyDictionary())
 
 
 def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> Counter:

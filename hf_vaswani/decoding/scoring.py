@@ -11,7 +11,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import equivalent_power, length_penalty_type
-from .translation import check_batch, length_sorted_batches, translate
+from .translation import Translator, check_batch, length_sorted_batches
 
 NORMALIZATIONS = ("none", "mean", "length_penalty")
 
@@ -133,8 +133,7 @@ def normalizer(model: PreTrainedModel, normalize: str, length: int) -> float:
 
 
 def translate_and_score(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    translator: Translator,
     sources: Sequence[str],
     references: Sequence[str],
     target_lang: str,
@@ -150,7 +149,7 @@ def translate_and_score(
     # (NORMALIZATIONS) do without.
     from .metrics import corpus_scores, lowercased_tokenized_bleu, tokenized_bleu, whitespace_bleu
 
-    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=progress, **generate_kwargs)
+    hypotheses = translator.translate(sources, batch_size=batch_size, progress=progress, **generate_kwargs)
     scores = corpus_scores(hypotheses, references)
     report = {name: scores[name] for name in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
     report["tokenized_bleu"] = tokenized_bleu(hypotheses, references, lang=target_lang)

@@ -16,13 +16,15 @@ Which candidates finish, the early-stopping rules and the returned scores are tr
 search, transformers 5), computed by the same float32 operations, so the sequences and scores are equal
 (tests/decoding/test_search.py). A request it does not cover (sampling, constraints, custom processors or stopping
 criteria, streamers, attention or hidden-state outputs, a given cache) goes to the model's own `generate`, transformers'
-loop: `covered_request` says which. The loop runs where it is called, `hf_vaswani.generate(model, ...)`, as the
-package's commands call it; `model.generate` is transformers' loop however the model was built or loaded.
+loop: `covered_request` says which. The loop runs where it is called: `hf_vaswani.generate(model, ...)`, or the
+decoding engine (decoding/translation.py's `Translator`), through which the package's commands decode; `model.generate`
+is transformers' loop however the model was built or loaded.
 """
 
 import copy
 import dataclasses
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -38,8 +40,9 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
 
+from ..gpu_policy import step_compilation
 from ..kernels.cpu import packed_weights
-from ..kernels.graphs import captured
+from ..kernels.graphs import compiled_step
 from ..model.checks_vaswani import values_wait_for_device
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import (
@@ -105,22 +108,56 @@ def generate(
     **kwargs,
 ):
     """What `model.generate(inputs, generation_config, **kwargs)` returns, computed by this loop where it covers the
-    call (`covered_request`), else by `model.generate`; CPU decoding weights packed for the call (`packed_weights`).
+    call (`search`), its CPU decoding weights packed for the call, its compiled steps and static caches the model's
+    (`model_search_state`). Any number of threads may call it at once, with one model or many. A decoding engine
+    that owns these and packs its weights once: decoding/translation.py's `Translator`."""
+    with packed_weights(model):
+        return search(model, model_search_state(model), inputs, generation_config, shortlist, kwargs)
+
+
+# The SearchState of each model that `generate` decodes, kept as long as the model lives (a Translator has its own).
+MODEL_SEARCH_STATES: WeakKeyDictionary = WeakKeyDictionary()
+MODEL_SEARCH_STATES_LOCK = threading.Lock()
+
+
+def model_search_state(model: VaswaniForConditionalGeneration) -> "SearchState":
+    """`model`'s SearchState for `generate`: its step compiled on an accelerator as gpu_policy says."""
+    with MODEL_SEARCH_STATES_LOCK:
+        if model not in MODEL_SEARCH_STATES:
+            MODEL_SEARCH_STATES[model] = SearchState(model_name(model), compile=True)
+        return MODEL_SEARCH_STATES[model]
+
+
+def model_name(model: torch.nn.Module) -> str:
+    """How warnings name `model`: its folder or Hub id, else its class and address."""
+    return getattr(model, "name_or_path", "") or f"{type(model).__name__} at {id(model):#x}"
+
+
+def search(
+    model: VaswaniForConditionalGeneration,
+    state: "SearchState",
+    inputs: torch.Tensor | None,
+    generation_config: GenerationConfig | None,
+    shortlist: Shortlist | None,
+    kwargs: dict,
+):
+    """What `model.generate(inputs, generation_config, **kwargs)` returns, computed by this loop where it covers the
+    call (`covered_request`), with what `state` keeps between calls, else by `model.generate`. The CPU decoding weights
+    multiply packed where the caller packed them (kernels/cpu.py's `multiplying_by`).
 
     `shortlist` scores only the tokens it lists for the batch's sources (and </s>); a call this loop does not cover is
     then refused, since transformers' loop scores the whole vocabulary.
     """
-    with packed_weights(model):
-        request = covered_request(model, inputs, generation_config, kwargs)
-        if not isinstance(request, Request):
-            if shortlist is not None:
-                raise UsageError(f"a shortlist needs the package's decoding loop, which does not cover {request}")
-            return model.generate(inputs, generation_config, **kwargs)
+    request = covered_request(model, inputs, generation_config, kwargs)
+    if not isinstance(request, Request):
         if shortlist is not None:
-            columns = shortlist.columns(request.source_ids, request.source_mask)
-            eos = torch.tensor([request.config.eos_token_id], device=columns.device)
-            request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
-        return decode(model, request)
+            raise UsageError(f"a shortlist needs the package's decoding loop, which does not cover {request}")
+        return model.generate(inputs, generation_config, **kwargs)
+    if shortlist is not None:
+        columns = shortlist.columns(request.source_ids, request.source_mask)
+        eos = torch.tensor([request.config.eos_token_id], device=columns.device)
+        request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
+    return decode(model, request, state)
 
 
 def covered_request(
@@ -207,8 +244,9 @@ class Decoder:
     """The decoder and output projection of `model` attending to one encoded batch, a step at a time; the projection
     over the request's columns only where it lists them (a shortlist)."""
 
-    def __init__(self, model: VaswaniForConditionalGeneration, request: Request):
+    def __init__(self, model: VaswaniForConditionalGeneration, request: Request, state: "SearchState"):
         self.model = model
+        self.state = state
         self.source_mask = request.source_mask
         self.encoder_states = model.get_encoder()(
             input_ids=request.source_ids, attention_mask=request.source_mask
@@ -216,26 +254,28 @@ class Decoder:
         # On an accelerator the self-attention cache is allocated once for the longest output (rounded up, so that
         # calls of nearby lengths share a shape) and written in place, its tensors keeping their addresses: each step
         # after the first (which fills the cross-attention cache) is then one compiled graph, replayed from a CUDA graph
-        # on CUDA (`captured`). On the CPU the cache grows a position a step, so that reordering beams copies only the
-        # positions made so far, and the steps run eagerly.
+        # on CUDA (`SearchState.step`). On the CPU the cache grows a position a step, so that reordering beams copies
+        # only the positions made so far, and the steps run eagerly.
         self.steps_captured = values_wait_for_device(self.encoder_states)
         if self.steps_captured:
             rows = request.source_ids.shape[0] * request.config.num_beams
             cache_length = -(-request.max_length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
-            self_attention = static_cache(model, rows, cache_length, self.encoder_states)
+            self_attention = state.static_cache(model.config, rows, cache_length, self.encoder_states)
         else:
             self_attention = DynamicCache(config=model.config)
         self.cache = EncoderDecoderCache(self_attention, DynamicCache(config=model.config))
-        self.projection = model.lm_head if request.columns is None else projection_over(model.lm_head, request.columns)
+        self.projection = (
+            model.lm_head if request.columns is None else state.projection_over(model.lm_head, request.columns)
+        )
         self.steps_taken = 0
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """float32 logits (rows x columns) of the next token after each row's `tokens`: a tensor of their own, or on an
         accelerator the captured step's output, valid until the next step."""
-        step = next_token_logits
-        if self.steps_captured and self.steps_taken:
-            step = captured(next_token_logits, self.encoder_states.device.type)
+        first = self.steps_taken == 0  # fills the cross-attention cache: eager
+        compiled = self.state.step(self.encoder_states.device.type) if self.steps_captured and not first else None
         self.steps_taken += 1
+        step = compiled or next_token_logits
         return step(self.model, self.projection, tokens, self.encoder_states, self.source_mask, self.cache)
 
     def reorder(self, rows: torch.Tensor) -> None:
@@ -269,18 +309,14 @@ def next_token_logits(
     return projection(hidden)[:, -1].float()
 
 
-# torch.ao's int8 Linear unpacks its weight from fbgemm's layout at every weight() call, a pass over the whole
-# matrix: each int8 output projection is unpacked once. An int8 model is for inference, its weights never change.
-UNPACKED_INT8_WEIGHTS: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def projection_over(projection: torch.nn.Module, columns: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def projection_over(
+    projection: torch.nn.Module, columns: torch.Tensor, int8_weights: tuple[torch.Tensor, torch.Tensor | None] | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The output projection's product for `columns` only (its rows of those tokens), of its own kind: an int8
-    projection (torch.ao's dynamically quantized Linear) gives an int8 product of the same values."""
+    projection (torch.ao's dynamically quantized Linear, whose weights unpacked are `int8_weights`) gives an int8
+    product of the same values."""
     if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
-        if projection not in UNPACKED_INT8_WEIGHTS:
-            UNPACKED_INT8_WEIGHTS[projection] = (projection.weight(), projection.bias())
-        weight, bias = UNPACKED_INT8_WEIGHTS[projection]
+        weight, bias = int8_weights
         # index_select: indexing a quantized tensor with [] dequantizes it whole first. Then the ops torch.ao's
         # Linear runs, without building one: its constructor packs a placeholder weight as large as the listed rows
         rows = weight.index_select(0, columns)
@@ -342,51 +378,98 @@ def column_positions(request: Request, ids: torch.Tensor) -> torch.Tensor:
     return positions[request.columns[positions] == ids]
 
 
-# Per model, the static caches of its last calls on an accelerator, for the next call of the same shape: a captured
-# step reads a cache at the addresses it was recorded with, and a new cache each call would record its graphs again.
-# A call takes its cache out, so that two calls at once never share one, and puts it back unless it returns it.
-SPARE_STATIC_CACHES: WeakKeyDictionary = WeakKeyDictionary()
-SPARE_STATIC_CACHES_KEPT = 4  # a model's; the oldest goes first
+SPARE_STATIC_CACHES_KEPT = 4  # a SearchState's; the oldest goes first
 
 
-def static_cache(
-    model: VaswaniForConditionalGeneration, rows: int, length: int, encoder_states: torch.Tensor
-) -> StaticCache:
-    """A self-attention cache of `rows` x `length` positions: a spare one of the model's, emptied, or a new one."""
-    spare = SPARE_STATIC_CACHES.get(model, {}).pop((rows, length), None)
-    kept = None if spare is None else (spare.layers[0].keys.dtype, spare.layers[0].keys.device)
-    if kept != (encoder_states.dtype, encoder_states.device):  # none of that shape, or the model since moved or cast
-        return StaticCache(config=model.config, max_cache_len=length)
-    spare.reset()
-    return spare
+class SearchState:
+    """What the search keeps for one model between calls, safe for any number of threads decoding at once:
 
+    - its decoding step on an accelerator, compiled (and captured in CUDA graphs on CUDA) on a code object of its own
+      (kernels/graphs.py) as `compile` says (gpu_policy.py's `step_compilation`: True, False or torch.compile's
+      options);
+    - the static caches of its last calls on an accelerator, for the next call of the same shape: a captured step
+      reads a cache at the addresses it was recorded with, and a new cache each call would record its graphs again.
+      A call takes its cache out, so that two calls at once never share one, and puts it back unless it returns it;
+    - an int8 output projection's weights, unpacked: torch.ao's int8 Linear unpacks its weight from fbgemm's layout at
+      every weight() call, a pass over the whole matrix, and a shortlist's product takes rows of it every call.
 
-def keep_static_cache(model: VaswaniForConditionalGeneration, cache: DynamicCache | StaticCache) -> None:
-    """`cache` kept as a spare of the model's, if static."""
-    if not isinstance(cache, StaticCache) or not cache.layers[0].is_initialized:
-        return
-    spares = SPARE_STATIC_CACHES.setdefault(model, {})
-    spares[(cache.layers[0].keys.shape[0], cache.layers[0].max_cache_len)] = cache
-    while len(spares) > SPARE_STATIC_CACHES_KEPT:
-        del spares[next(iter(spares))]
+    `owner` names the model in the warning of a step that falls back to eager. `clear()` releases all of it.
+    """
+
+    def __init__(self, owner: str, compile: bool | dict):
+        self.owner = owner
+        self.compile = compile
+        self.lock = threading.Lock()
+        self.steps: dict[str, Callable] = {}  # per device type
+        self.spare_static_caches: dict[tuple, StaticCache] = {}
+        self.int8_weights: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def step(self, device_type: str) -> Callable | None:
+        """The compiled decoding step for `device_type`'s devices, or None: the step runs eagerly."""
+        options = step_compilation(self.compile, device_type)
+        if options is None:
+            return None
+        with self.lock:
+            if device_type not in self.steps:
+                self.steps[device_type] = compiled_step(next_token_logits, options, self.owner)
+            return self.steps[device_type]
+
+    def static_cache(self, config, rows: int, length: int, encoder_states: torch.Tensor) -> StaticCache:
+        """A self-attention cache of `rows` x `length` positions: a spare one, emptied, or a new one."""
+        key = (rows, length, encoder_states.dtype, encoder_states.device)
+        with self.lock:
+            spare = self.spare_static_caches.pop(key, None)
+        if spare is None:
+            return StaticCache(config=config, max_cache_len=length)
+        spare.reset()
+        return spare
+
+    def keep_static_cache(self, cache: DynamicCache | StaticCache) -> None:
+        """`cache` kept as a spare, if static."""
+        if not isinstance(cache, StaticCache) or not cache.layers[0].is_initialized:
+            return
+        keys = cache.layers[0].keys
+        with self.lock:
+            self.spare_static_caches[(keys.shape[0], cache.layers[0].max_cache_len, keys.dtype, keys.device)] = cache
+            while len(self.spare_static_caches) > SPARE_STATIC_CACHES_KEPT:
+                del self.spare_static_caches[next(iter(self.spare_static_caches))]
+
+    def projection_over(self, projection: torch.nn.Module, columns: torch.Tensor) -> Callable:
+        """`projection_over` with the int8 weights unpacked once."""
+        int8_weights = None
+        if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
+            with self.lock:
+                if projection not in self.int8_weights:
+                    self.int8_weights[projection] = (projection.weight(), projection.bias())
+                int8_weights = self.int8_weights[projection]
+        return projection_over(projection, columns, int8_weights)
+
+    def clear(self) -> None:
+        """Releases the compiled steps, the spare caches and the unpacked weights."""
+        with self.lock:
+            self.steps.clear()
+            self.spare_static_caches.clear()
+            self.int8_weights.clear()
 
 
 @torch.no_grad()
-def decode(model: VaswaniForConditionalGeneration, request: Request):
-    """What `model.generate` returns for `request`."""
+def decode(model: VaswaniForConditionalGeneration, request: Request, state: SearchState):
+    """What `model.generate` returns for `request`, with what `state` keeps between calls."""
     search = greedy_search if request.config.num_beams == 1 else beam_search
-    output = search(model, request)
+    output = search(model, request, state)
     if not request.config.return_dict_in_generate:
-        keep_static_cache(model, output.cache.self_attention_cache)
+        state.keep_static_cache(output.cache.self_attention_cache)
         return output.sequences
     copy_shared_cross_attention_cache(output.cache)
     return output
 
 
-def greedy_search(model: VaswaniForConditionalGeneration, request: Request) -> GenerateEncoderDecoderOutput:
+def greedy_search(
+    model: VaswaniForConditionalGeneration, request: Request, state: SearchState
+) -> GenerateEncoderDecoderOutput:
     """transformers' greedy decoding: the processed logits' argmax; finished rows get padding until all finish."""
     config = request.config
-    decoder = Decoder(model, request)
+    decoder = Decoder(model, request, state)
     rows = request.source_ids.shape[0]
     start = torch.full((rows,), config.decoder_start_token_id, device=request.source_ids.device)
     rules = StepRules.of(request, start.device)
@@ -406,7 +489,9 @@ def greedy_search(model: VaswaniForConditionalGeneration, request: Request) -> G
     )
 
 
-def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> GenerateBeamEncoderDecoderOutput:
+def beam_search(
+    model: VaswaniForConditionalGeneration, request: Request, state: SearchState
+) -> GenerateBeamEncoderDecoderOutput:
     """transformers' beam search: of the best 2k continuations of a sentence's k beams, those among the first k that
     end go to its finished hypotheses (score / length penalty) if among the best k there, the best k that do not end
     continue; it stops as transformers' does (early_stopping True, False or "never")."""
@@ -414,7 +499,7 @@ def beam_search(model: VaswaniForConditionalGeneration, request: Request) -> Gen
     beams, keep = config.num_beams, 2 * config.num_beams
     sentences = request.source_ids.shape[0]
     device = request.source_ids.device
-    decoder = Decoder(model, request)
+    decoder = Decoder(model, request, state)
     rules = StepRules.of(request, device)
     tokens = torch.full((sentences * beams,), config.decoder_start_token_id, device=device)
     max_length = request.max_length

@@ -1,19 +1,33 @@
-"""Translating sentences with a model: sorted by length, decoded in batches, returned in input order; n-best lists
-with the scores beam search ranked them by."""
+"""Translating sentences: `Translator`, the decoding engine, which owns what decoding keeps and is shared by any
+number of threads; sentences sorted by length, decoded in batches, returned in input order; n-best lists with the
+scores beam search ranked them by.
 
+Shaped as CTranslate2's Translator, an object that owns its weights and is used by many threads: built from a model
+folder (or a model) with its precision, device, step compilation and shortlist, it holds the model's decoding weights
+packed for the CPU (once, at construction), its decoding steps compiled and captured on an accelerator (a code object
+of its own: kernels/graphs.py) and their static caches, until `close()` or the end of its `with` block releases them.
+A call takes what it uses at its start and sets nothing on the model's modules: threads decoding at once each get
+what they would get alone.
+"""
+
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..kernels.cpu import packed_weights
+from ..gpu_policy import default_device
+from ..kernels.cpu import multiplying_by, pack_decoder_weights, packed_weights
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import check_generation_settings
 from ..text_io import alignment_text, as_one_line
-from .search import generate
+from .search import SearchState, model_name, model_search_state, search
+from .shortlist import Shortlist
 
 
 def check_batch(sentences: Sequence[str], batch_size: int, name: str = "sentences") -> None:
@@ -36,26 +50,166 @@ def length_sorted_batches(indices: Iterable[int], length: Callable[[int], int], 
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def decoded_batches(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    sentences: Sequence[str],
-    batch_size: int,
-    progress: bool,
-    **generate_kwargs,
-) -> Iterator[tuple[list[int], Any]]:
-    """Each batch of the non-blank `sentences`, sorted by length, as (their indices, the package's search's output
-    for them): the one batching loop of translations and n-best lists."""
-    check_batch(sentences, batch_size)
-    batches = length_sorted_batches(
-        (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
-    )
-    model.eval()
-    with packed_weights(model):
+class Translator:
+    """A model ready to decode, for any number of threads at once: `generate` (what `model.generate` returns, by the
+    package's search), `translate` and `translate_nbest` (sentences in, text out).
+
+    `model`: a model folder or Hub id (loaded by decoding/loading.py's `load_model_folder` with `device`, `dtype` and
+    `int8`, its tokenizer with it), or a model (used as it is: `device`, `dtype` and `int8` are for folders).
+    `compile`: the decoding steps on an accelerator compiled and, on CUDA, captured in CUDA graphs (True, the
+    default), run eagerly (False), or compiled with these torch.compile options (a dict); CPU steps run eagerly.
+    `shortlist`: a Shortlist, or a folder holding one (True: the model folder's), used by every call unless the call
+    gives its own. `frozen`: the model's weights do not change while the engine is open, so it packs them once; False
+    (a model still training) packs them for each call and shares the model's steps and caches with
+    `hf_vaswani.generate`.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        int8: bool = False,
+        compile: bool | dict = True,
+        shortlist: Shortlist | str | os.PathLike | bool | None = None,
+        trust_remote_code: bool = False,
+        frozen: bool = True,
+    ):
+        if isinstance(model, (str, os.PathLike)):
+            from .loading import load_model_folder
+
+            folder = model
+            model, loaded_tokenizer = load_model_folder(
+                folder, device or default_device(), int8, trust_remote_code, dtype or "fp32"
+            )
+            tokenizer = tokenizer or loaded_tokenizer
+        elif device is not None or dtype is not None or int8:
+            raise UsageError("device, dtype and int8 apply to a model folder: move, cast or quantize a model first")
+        else:
+            folder = getattr(model, "name_or_path", "")
+        if shortlist is True:
+            shortlist = folder
+        if isinstance(shortlist, (str, os.PathLike)):
+            shortlist = Shortlist.load(shortlist, model.config.vocab_size)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.shortlist = shortlist or None
+        self.frozen = frozen
+        self._state = SearchState(model_name(model), compile) if frozen else model_search_state(model)
+        self._packed = pack_decoder_weights(model) if frozen else None
+        self._tokenizing = threading.Lock()  # a fast tokenizer's settings are the Rust object's: one call at a time
+        self._closed = False
+
+    def __enter__(self) -> "Translator":
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases the packed weights, the compiled steps and the static caches (an unfrozen engine's are the
+        model's, kept for `hf_vaswani.generate`); the engine then refuses calls. Calls already running finish."""
+        self._closed = True
+        self._packed = None
+        if self.frozen:
+            self._state.clear()
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        *,
+        shortlist: Shortlist | None = None,
+        **kwargs,
+    ):
+        """`hf_vaswani.generate` on the engine's model: what `model.generate(inputs, generation_config, **kwargs)`
+        returns, by the package's search where it covers the call; `shortlist` (default: the engine's) scores only
+        the tokens it lists."""
+        with self._decoding():
+            return search(self.model, self._state, inputs, generation_config, shortlist or self.shortlist, kwargs)
+
+    def _decoding(self) -> AbstractContextManager[None]:
+        """The packed weights in use in this thread for the block: the engine's, or packed for it."""
+        packed = self._packed
+        if self._closed:
+            raise UsageError("this Translator is closed: make a new one to decode")
+        return packed_weights(self.model) if packed is None else multiplying_by(packed)
+
+    def translate(
+        self, sentences: Sequence[str], batch_size: int = 64, progress: bool = False, **generate_kwargs
+    ) -> list[str]:
+        """Translate `sentences` by the package's search (the model's generation config, overridable by
+        `generate_kwargs`, `shortlist=` among them). A blank sentence translates to "" without decoding (there is
+        nothing to translate, and a model would invent text)."""
+        check_generation_settings(generate_kwargs)
+        translations: list[str] = [""] * len(sentences)
+        with self._decoding():
+            for indices, generated in self._decoded_batches(sentences, batch_size, progress, generate_kwargs):
+                with self._tokenizing:
+                    texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+                for i, text in zip(indices, texts, strict=True):
+                    translations[i] = text
+        return translations
+
+    def translate_nbest(
+        self, sentences: Sequence[str], k: int, batch_size: int = 64, progress: bool = False, **generate_kwargs
+    ) -> list[list["Hypothesis"]]:
+        """The `k` best finished hypotheses of beam search for each sentence, best first, with their scores.
+
+        `generate(num_return_sequences=k, output_scores=True, return_dict_in_generate=True)`: `sequences_scores` is
+        the final score (the model's length penalty, GNMT's by default), `compute_transition_scores` gives the token
+        log-probabilities. `num_beams` defaults to the larger of `k` and the model's own (paper: 4); a smaller one is
+        refused. A blank sentence gets an empty list (nothing to translate).
+        """
+        num_beams = generate_kwargs.pop("num_beams", None)
+        check_nbest(k, num_beams)
+        if num_beams is None:
+            num_beams = max(k, self.model.generation_config.num_beams or 1, 2)
+        check_generation_settings(generate_kwargs)
+        options = dict(num_beams=num_beams, num_return_sequences=k, output_scores=True, return_dict_in_generate=True)
+        nbest: list[list[Hypothesis]] = [[] for _ in sentences]
+        with self._decoding():
+            for indices, output in self._decoded_batches(
+                sentences, batch_size, progress, {**options, **generate_kwargs}
+            ):
+                token_log_probs = self.model.compute_transition_scores(
+                    output.sequences, output.scores, output.beam_indices
+                )
+                generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
+                outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
+                with self._tokenizing:
+                    texts = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+                for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
+                    nbest[indices[row // k]].append(
+                        Hypothesis(
+                            text=text,
+                            token_ids=tuple(outputs[row][generated[row]].tolist()),
+                            log_probability=float(token_log_probs[row].sum()),
+                            score=float(output.sequences_scores[row]),
+                        )
+                    )
+        return nbest
+
+    def _decoded_batches(
+        self, sentences: Sequence[str], batch_size: int, progress: bool, generate_kwargs: dict
+    ) -> Iterator[tuple[list[int], Any]]:
+        """Each batch of the non-blank `sentences`, sorted by length, as (their indices, the search's output for
+        them): the one batching loop of translations and n-best lists, run where the packed weights are in use."""
+        check_batch(sentences, batch_size)
+        if self.tokenizer is None:
+            raise UsageError("this Translator has no tokenizer: give one with the model, or use generate")
+        shortlist = generate_kwargs.pop("shortlist", None) or self.shortlist
+        batches = length_sorted_batches(
+            (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
+        )
         for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
-            batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
+            with self._tokenizing:
+                batch = self.tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True)
+            batch = batch.to(self.model.device)
             with torch.inference_mode():
-                yield indices, generate(model, **batch, **generate_kwargs)
+                yield indices, search(self.model, self._state, None, None, shortlist, {**batch, **generate_kwargs})
 
 
 def translate(
@@ -66,17 +220,22 @@ def translate(
     progress: bool = True,
     **generate_kwargs,
 ) -> list[str]:
-    """Translate `sentences` by the package's search (`hf_vaswani.generate`: the model's generation config,
-    overridable by `generate_kwargs`, `shortlist=` among them).
+    """`Translator.translate` with `model` as it is now (a model still training among them: `frozen=False`)."""
+    return Translator(model, tokenizer, frozen=False).translate(sentences, batch_size, progress, **generate_kwargs)
 
-    A blank sentence translates to "" without decoding (there is nothing to translate, and a model would invent text).
-    """
-    check_generation_settings(generate_kwargs)
-    translations: list[str] = [""] * len(sentences)
-    for indices, generated in decoded_batches(model, tokenizer, sentences, batch_size, progress, **generate_kwargs):
-        for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-            translations[i] = text
-    return translations
+
+def translate_nbest(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: Sequence[str],
+    k: int,
+    batch_size: int = 64,
+    progress: bool = False,
+    **generate_kwargs,
+) -> list[list["Hypothesis"]]:
+    """`Translator.translate_nbest` with `model` as it is now (`frozen=False`)."""
+    translator = Translator(model, tokenizer, frozen=False)
+    return translator.translate_nbest(sentences, k, batch_size, progress, **generate_kwargs)
 
 
 def check_nbest(k: int, num_beams: int | None = None) -> None:
@@ -99,48 +258,6 @@ class Hypothesis:
     log_probability: float
     # The final, length-penalised score the n-best list is sorted by: log_probability / lp(len(token_ids)).
     score: float
-
-
-def translate_nbest(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    sentences: Sequence[str],
-    k: int,
-    batch_size: int = 64,
-    progress: bool = False,
-    **generate_kwargs,
-) -> list[list[Hypothesis]]:
-    """The `k` best finished hypotheses of beam search for each sentence, best first, with their scores.
-
-    `generate(num_return_sequences=k, output_scores=True, return_dict_in_generate=True)`: `sequences_scores` is the
-    final score (the model's length penalty, GNMT's by default), `compute_transition_scores` gives the token
-    log-probabilities. `num_beams` defaults to the larger of `k` and the model's own (paper: 4); a smaller one is
-    refused. A blank sentence gets an empty list (nothing to translate).
-    """
-    num_beams = generate_kwargs.pop("num_beams", None)
-    check_nbest(k, num_beams)
-    if num_beams is None:
-        num_beams = max(k, model.generation_config.num_beams or 1, 2)
-    check_generation_settings(generate_kwargs)
-    options = dict(num_return_sequences=k, output_scores=True, return_dict_in_generate=True)
-    nbest: list[list[Hypothesis]] = [[] for _ in sentences]
-    for indices, output in decoded_batches(
-        model, tokenizer, sentences, batch_size, progress, num_beams=num_beams, **options, **generate_kwargs
-    ):
-        token_log_probs = model.compute_transition_scores(output.sequences, output.scores, output.beam_indices)
-        generated = output.beam_indices >= 0  # a hypothesis' own steps; after its end come fill tokens
-        outputs = output.sequences[:, output.sequences.shape[1] - generated.shape[1] :]
-        texts = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
-        for row, text in enumerate(texts):  # generate returns each sentence's k rows together, best first
-            nbest[indices[row // k]].append(
-                Hypothesis(
-                    text=text,
-                    token_ids=tuple(outputs[row][generated[row]].tolist()),
-                    log_probability=float(token_log_probs[row].sum()),
-                    score=float(output.sequences_scores[row]),
-                )
-            )
-    return nbest
 
 
 def nbest_lines(

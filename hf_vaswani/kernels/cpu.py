@@ -7,8 +7,9 @@ attaches kernels and nothing else: which search a call runs is the caller's choi
 loop, `hf_vaswani.generate`, which packs the decoding weights for its call). The package applies it wherever it builds
 or loads a model; a model loaded from the Hub as remote code is the plain one, computing the same.
 
-- `FastestKernelLinear`, `packed_weights`, `packed_decoder_weights`: nn.Linear multiplying by packed weights (MKL's or
-  oneDNN's, whichever measures fastest on the running CPU) while decoding on a CPU.
+- `FastestKernelLinear`, `packed`, `multiplying_by`, `packed_weights`: nn.Linear multiplying by packed weights (MKL's
+  or oneDNN's, whichever measures fastest on the running CPU) while decoding on a CPU. The packed copies are a
+  decoding's own, in a context variable (each thread sees its own): no module holds any.
 - `product`, `LinearByFastestProducts`: the float32 CPU products of training and of many-row inference (a linear
   layer's forward and both gradients, the loss's output projection) by oneDNN where it measures faster than torch's
   BLAS on the running CPU.
@@ -20,16 +21,21 @@ or loads a model; a model loaded from the Hub as remote code is the plain one, c
   mixed precision, `float32_attention`) and, in CPU inference with a few queries (decoding steps), as three plain
   operators where they measure faster than torch's sdpa kernel (`few_query_attention`).
 
-These kernels are torch operators outside its public API (torch.ops.mkl, torch.ops.mkldnn): package code only.
+Each choice by timing is measured once in a process, under a lock (`measured_once`, `chosen_once`): threads decoding at
+once measure it once and all use that choice. These kernels are torch operators outside its public API (torch.ops.mkl,
+torch.ops.mkldnn): package code only.
 """
 
 import math
 import statistics
+import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from functools import cache, partial
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache, partial, wraps
+from types import MappingProxyType
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -62,14 +68,12 @@ class FastestKernelLinear(nn.Linear):
     pre-packed weight (float32 or bfloat16) in CPU inference.
 
     A plain CPU product packs the weight into the BLAS's blocked layout on every call, which dominates when few rows
-    are multiplied, as in each decoding step. While `packed_weight` holds a copy packed for one of PACKED_KERNELS (set
-    by `packed_weights` for one `generate` call or a caller's loop of them), CPU inference on at most 256 rows
-    multiplies by it instead: the same product up to float rounding (docs/performance.md). Other float32 products go
-    through `LinearByFastestProducts`, which picks each product's kernel by measurement.
+    are multiplied, as in each decoding step. Where the decoding running in this thread has a packed copy of the
+    layer's weight (`multiplying_by`: a `generate` call, a caller's loop of them, or a decoding engine that packed its
+    weights once), CPU inference on at most 256 rows multiplies by it instead: the same product up to float rounding
+    (docs/performance.md). Other float32 products go through `LinearByFastestProducts`, which picks each product's
+    kernel by measurement.
     """
-
-    packed_weight: torch.Tensor | None = None
-    packed_kernel: str | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // self.in_features
@@ -80,9 +84,10 @@ class FastestKernelLinear(nn.Linear):
             or self.weight.device.type != "cpu"
         ):
             return super().forward(input)
-        if self.packed_weight is not None and rows <= 256 and not torch.is_grad_enabled():
+        packed = PACKED_WEIGHTS.get().get(self)
+        if packed is not None and rows <= 256 and not torch.is_grad_enabled():
             flat = input.reshape(rows, self.in_features)
-            output = PACKED_KERNELS[self.packed_kernel].multiply(flat, self.packed_weight, self.weight, self.bias)
+            output = PACKED_KERNELS[packed.kernel].multiply(flat, packed.weight, self.weight, self.bias)
             return output.view(*input.shape[:-1], self.out_features)
         if self.weight.dtype != torch.float32:
             return super().forward(input)
@@ -121,9 +126,36 @@ PACKED_KERNELS = {
 }
 PACKED_DTYPES = frozenset({torch.float32, torch.bfloat16})  # the weight types a PACKED_KERNELS entry may take
 MIN_SPEEDUP = 1.1  # below this over the plain product, measurement noise could pick a kernel for nothing
+# Held while a kernel choice is measured and kept: concurrent first calls (threads decoding at once) measure once,
+# undisturbed by each other, and all use the one choice kept.
+MEASURING = threading.RLock()
+Choice = TypeVar("Choice")
 
 
-@cache
+def measured_once(measure: Callable[..., Choice]) -> Callable[..., Choice]:
+    """`measure` run once per arguments in a process, under MEASURING, its result kept (functools.cache's, with its
+    cache_info and cache_clear)."""
+    kept = cache(measure)
+
+    @wraps(measure)
+    def once(*arguments):
+        with MEASURING:
+            return kept(*arguments)
+
+    once.cache_info, once.cache_clear = kept.cache_info, kept.cache_clear
+    return once
+
+
+def chosen_once(choices: dict, key: tuple, measure: Callable[[], Choice]) -> Choice:
+    """`choices[key]`, measured (`measure()`) and kept under MEASURING if not there yet."""
+    if key not in choices:
+        with MEASURING:
+            if key not in choices:
+                choices[key] = measure()
+    return choices[key]
+
+
+@measured_once
 def fastest_packed_kernel(in_features: int, out_features: int, threads: int, dtype: torch.dtype) -> str | None:
     """The PACKED_KERNELS entry fastest on this CPU for a `dtype` weight of this shape, or None when none beats
     nn.Linear by MIN_SPEEDUP; measured once per process, shape, thread count and dtype on products of 8 and 32 rows
@@ -168,35 +200,38 @@ def fastest(products: dict[str | None, Callable[[], object]]) -> str | None:
     return winner if medians[None] >= MIN_SPEEDUP * medians[winner] else None
 
 
+def measured_without_gradients(products: dict[str | None, Callable[[], object]]) -> str | None:
+    with torch.no_grad():
+        return fastest(products)
+
+
 def map_inputs(multiply: Callable[[torch.Tensor], torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [multiply(x) for x in inputs]
 
 
-def packed_weights(model: PreTrainedModel) -> AbstractContextManager[None]:
-    """The weights of `model`'s decoder and output projection, multiplied at every decoding step, packed while the
-    block runs (`packed_decoder_weights`). The package's search packs them for its own call; a loop of its calls over
-    batches holds them packed across the loop with this, saving the packing per call. The weights must not change
-    inside the block. A model without FastestKernelLinear layers has nothing to pack."""
-    return packed_decoder_weights([model.get_decoder(), model.get_output_embeddings()])
+class PackedWeight(NamedTuple):
+    kernel: str  # a PACKED_KERNELS name
+    weight: torch.Tensor  # packed for it
 
 
-@contextmanager
-def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
-    """Packed copies of the CPU FastestKernelLinear weights (float32 or bfloat16) among `layers` for the duration of
-    the block, in the kernel measured fastest on this CPU for each weight shape and dtype (`fastest_packed_kernel`),
-    where one beats nn.Linear.
+PackedWeights = Mapping[nn.Module, PackedWeight]
+# The packed weights of the decoding running in this thread (in this asyncio task): a context variable, so that
+# decodings in other threads, of the same model or not, neither see nor disturb them; no module holds any.
+PACKED_WEIGHTS: ContextVar[PackedWeights] = ContextVar("packed_weights", default=MappingProxyType({}))
 
-    Scoped to a block in which the weights cannot change, one `generate` call or a caller's batch loop (an in-place
-    update such as fused AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go
-    stale). Blocks nest: a weight an enclosing block packed stays packed, until that block ends.
-    """
-    linears = [
-        module
-        for layer in layers
-        for module in layer.modules()
-        if isinstance(module, FastestKernelLinear) and module.packed_weight is None
-    ]
+
+def pack_decoder_weights(model: PreTrainedModel) -> dict[nn.Module, PackedWeight]:
+    """Packed copies of the weights of `model`'s decoder and output projection, multiplied at every decoding step
+    (`packed`); none for a model without FastestKernelLinear layers."""
+    return packed(decoder_linears(model))
+
+
+def packed(linears: Iterable[nn.Module]) -> dict[nn.Module, PackedWeight]:
+    """Packed copies of the CPU float32 or bfloat16 weights of the FastestKernelLinear `linears`, each in the kernel
+    measured fastest on this CPU for its shape and dtype (`fastest_packed_kernel`), where one beats nn.Linear. The
+    copies are of the weights as they are now: they stand for them only while the weights do not change."""
     threads = torch.get_num_threads()
+    copies = {}
     for linear in linears:
         if (
             linear.weight.device.type == "cpu"
@@ -206,13 +241,44 @@ def packed_decoder_weights(layers: list[nn.Module]) -> Iterator[None]:
             and (kernel := fastest_packed_kernel(linear.in_features, linear.out_features, threads, linear.weight.dtype))
             is not None
         ):
-            linear.packed_weight = PACKED_KERNELS[kernel].pack(linear.weight.detach())
-            linear.packed_kernel = kernel
+            copies[linear] = PackedWeight(kernel, PACKED_KERNELS[kernel].pack(linear.weight.detach()))
+    return copies
+
+
+@contextmanager
+def multiplying_by(packed: PackedWeights) -> Iterator[None]:
+    """The FastestKernelLinear layers in `packed` multiply by their packed weights in this thread for the block. Blocks
+    nest: a layer an enclosing block packed keeps that block's copy."""
+    token = PACKED_WEIGHTS.set(MappingProxyType({**packed, **PACKED_WEIGHTS.get()}))
     try:
         yield
     finally:
-        for linear in linears:
-            linear.packed_weight = linear.packed_kernel = None
+        PACKED_WEIGHTS.reset(token)
+
+
+@contextmanager
+def packed_weights(model: PreTrainedModel) -> Iterator[None]:
+    """`model`'s decoding weights packed for the block (`pack_decoder_weights`, `multiplying_by`). The package's search
+    packs them for its own call; a loop of its calls over batches holds them packed across the loop with this, saving
+    the packing per call. The weights must not change inside the block (an in-place update such as fused AdamW's does
+    not even bump a tensor's version counter, so a copy kept longer could silently go stale). Weights an enclosing
+    block packed are not packed again."""
+    in_use = PACKED_WEIGHTS.get()
+    if all(linear in in_use for linear in decoder_linears(model)):  # packed by an enclosing block
+        yield
+        return
+    with multiplying_by(pack_decoder_weights(model)):
+        yield
+
+
+def decoder_linears(model: PreTrainedModel) -> list[nn.Module]:
+    """The FastestKernelLinear layers of `model`'s decoder and output projection."""
+    return [
+        linear
+        for layer in (model.get_decoder(), model.get_output_embeddings())
+        for linear in layer.modules()
+        if isinstance(linear, FastestKernelLinear)
+    ]
 
 
 def onednn_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -249,14 +315,9 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         return nn.functional.linear(a, b, bias)
     layout = (a.stride(-1) == 1, b.stride(-1) == 1, bias is None)
     key = (*shape_class(*a.shape, b.shape[0]), *layout, torch.get_num_threads())
-    if key not in PRODUCT_KERNELS:
-        with torch.no_grad():
-            products = {
-                None: partial(nn.functional.linear, a, b, bias),
-                "onednn": partial(onednn_product, a, b, bias),
-            }
-            PRODUCT_KERNELS[key] = fastest(products)
-    return (onednn_product if PRODUCT_KERNELS[key] == "onednn" else nn.functional.linear)(a, b, bias)
+    products = {None: partial(nn.functional.linear, a, b, bias), "onednn": partial(onednn_product, a, b, bias)}
+    kernel = chosen_once(PRODUCT_KERNELS, key, partial(measured_without_gradients, products))
+    return products[kernel]()
 
 
 class LinearByFastestProducts(torch.autograd.Function):
@@ -377,16 +438,12 @@ def sdpa_or_fewer_operators(
     mask_kind = None if attention_mask is None else attention_mask.dtype
     sizes = shape_class(query.shape[0] * query.shape[1], queries, key.shape[2])
     shape_key = (*sizes, query.dtype, mask_kind, torch.get_num_threads())
-    if shape_key not in ATTENTION_KERNELS:
-        arguments = (module, query, key, value, attention_mask)
-        ATTENTION_KERNELS[shape_key] = fastest(
-            {
-                None: partial(sdpa_attention_forward, *arguments, **kwargs),
-                "few_query": partial(few_query_attention, *arguments, **kwargs),
-            }
-        )
-    attention = few_query_attention if ATTENTION_KERNELS[shape_key] == "few_query" else sdpa_attention_forward
-    return attention(module, query, key, value, attention_mask, **kwargs)
+    arguments = (module, query, key, value, attention_mask)
+    attentions = {
+        None: partial(sdpa_attention_forward, *arguments, **kwargs),
+        "few_query": partial(few_query_attention, *arguments, **kwargs),
+    }
+    return attentions[chosen_once(ATTENTION_KERNELS, shape_key, partial(fastest, attentions))]()
 
 
 class FastestKernelAttention(VaswaniMultiHeadAttention):

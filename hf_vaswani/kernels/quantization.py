@@ -4,14 +4,14 @@ import copy
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache, partial
+from functools import partial
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 from ..model.errors_vaswani import UsageError
-from .cpu import fastest, map_inputs
+from .cpu import fastest, map_inputs, measured_once
 
 # torch's quantized engines for a dynamic int8 linear layer, the first the default: fbgemm (AVX2, AVX-512 VNNI) and
 # oneDNN (which also runs AMX's int8 tiles). The engine packs the weights, and the packed weights pick the kernel.
@@ -22,12 +22,13 @@ def quantize_int8(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of `model` for CPU inference whose Linear layers hold int8 weights and quantize their inputs on the fly.
 
     Dynamic quantization (per-tensor int8 weights, activations scaled per batch, int32 accumulation) from torch's
-    `torch.ao.quantization`, packed by the engine measured fastest here (`fastest_int8_engine`); embeddings and layer
-    norms stay float32. Its speed and BLEU against float32: docs/performance.md.
+    `torch.ao.quantization`, packed by the process's int8 engine (`process_int8_engine`); embeddings and layer norms
+    stay float32. Its speed and BLEU against float32: docs/performance.md.
     """
     if model.device.type != "cpu":
         raise UsageError(f"int8 inference runs on CPU; the model is on {model.device}")
-    with quantized_engine(fastest_int8_engine(torch.get_num_threads())), deprecation_silenced():
+    process_int8_engine()
+    with deprecation_silenced():
         quantized = copy.deepcopy(model).eval()
         for module in quantized.modules():
             if isinstance(module, nn.Linear):
@@ -47,7 +48,8 @@ def deprecation_silenced() -> Iterator[None]:
 
 @contextmanager
 def quantized_engine(engine: str) -> Iterator[None]:
-    """torch's quantized engine set to `engine` for the block (a process-wide setting), then restored."""
+    """torch's quantized engine set to `engine` for the block (a process-wide setting), then restored: for measuring
+    the engines, once in a process (`fastest_int8_engine`)."""
     previous = torch.backends.quantized.engine
     torch.backends.quantized.engine = engine
     try:
@@ -56,7 +58,18 @@ def quantized_engine(engine: str) -> Iterator[None]:
         torch.backends.quantized.engine = previous
 
 
-@cache
+@measured_once
+def process_int8_engine() -> str:
+    """torch's quantized engine for this process, set once (`torch.backends.quantized.engine`, a process-wide setting)
+    at the first int8 model to the engine measured fastest then (`fastest_int8_engine`), and never changed by the
+    package after: int8 weights are packed by it, and a shortlist's int8 product packs its rows by it at each call,
+    so it must not change under a decoding thread."""
+    engine = fastest_int8_engine(torch.get_num_threads())
+    torch.backends.quantized.engine = engine
+    return engine
+
+
+@measured_once
 def fastest_int8_engine(threads: int) -> str:
     """The INT8_ENGINES entry whose dynamic int8 linear is fastest on this CPU, measured once per process and thread
     count on a d_model 512 FFN's weight (512 x 2048) for 8 and 32 rows (greedy and beam-4 steps of 8 sentences); the

@@ -22,6 +22,7 @@ from ..data.bpe_dropout import BpeDropoutPairs, check_one_process
 from ..data.tokenization import load_trained_bpe, train_shared_bpe_from_dataset
 from ..decoding.scoring import translate_and_score
 from ..decoding.shortlist import SHORTLIST_FREQUENT, SHORTLIST_PER_SOURCE, shortlist_of_corpus
+from ..decoding.translation import Translator
 from ..files import copy_missing_entries, replace_folder, write_text
 from ..gpu_policy import batch_loader_workers, compile_mode, compiles, uses_tf32
 from ..interop.model_card import write_model_card
@@ -297,9 +298,10 @@ def scored_results(
     """The averaged model's test scores (§6.1 decoding), with what the run did and on which machine."""
     settings = run.settings
     sources, references = corpus["test"]["source"], corpus["test"]["target"]
-    hypotheses, scores = translate_and_score(
-        model, tokenizer, sources, references, run.target_lang, batch_size=settings.eval_batch_size
-    )
+    with Translator(model, tokenizer) as translator:
+        hypotheses, scores = translate_and_score(
+            translator, sources, references, run.target_lang, batch_size=settings.eval_batch_size
+        )
     log_history = trainer.state.log_history
     return {
         "bleu": round(scores["bleu"], 2),

@@ -5,8 +5,7 @@ model eager: output tokens/s."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -23,11 +22,8 @@ from speed_comparison import (
     transformers_loop,
 )
 
-from hf_vaswani import VaswaniForConditionalGeneration
-from hf_vaswani import generate as package_generate
-from hf_vaswani.decoding import search
+from hf_vaswani import Translator, VaswaniForConditionalGeneration
 from hf_vaswani.decoding.search import covered_request
-from hf_vaswani.kernels import graphs
 
 from .compilation import STATIC_COMPILED, VARIANTS, compile_options, compiled_forward, described, unavailable
 from .names import DECODING_FIGURE, MARIAN, PACKAGE_LOOP, TRANSFORMERS_LOOP, item, shape_name
@@ -123,44 +119,29 @@ def decoding_figures(run: Run, system: str, decode: Callable[[], torch.Tensor]) 
     return decoding_speed(run, system, decode)[0]
 
 
-def package_loop(model: VaswaniForConditionalGeneration, inputs: dict[str, Any]) -> torch.Tensor:
-    """hf_vaswani.generate, refusing a call its loop would hand to transformers' (which would time the wrong loop)."""
-    request = covered_request(model, None, None, {**inputs, **SEARCH_AS_TRANSFORMERS})
+def package_loop(translator: Translator, inputs: dict[str, Any]) -> torch.Tensor:
+    """The engine's generate, refusing a call its loop would hand to transformers' (which would time the wrong loop)."""
+    request = covered_request(translator.model, None, None, {**inputs, **SEARCH_AS_TRANSFORMERS})
     if isinstance(request, str):
         raise RuntimeError(f"the package loop does not cover this call: {request}")
-    return package_generate(model, **inputs, **SEARCH_AS_TRANSFORMERS)
+    return translator.generate(**inputs, **SEARCH_AS_TRANSFORMERS)
 
 
-@contextmanager
-def package_steps(variant: str) -> Iterator[None]:
-    """The package loop's steps after each call's first as `variant` runs them on an accelerator (kernels/graphs.py):
-    eager, not compiled; compiled by inductor without CUDA graphs; or captured, the package's default (CUDA graphs).
-    Compiled afresh: far from dynamo's recompile limit however many shapes came before."""
-    torch._dynamo.reset()
-    graphs.captured.cache_clear()
-    compilation, captured = dict(graphs.STEP_COMPILATION), search.captured
-    if variant == "eager":
-        search.captured = lambda step, device_type: step
-    elif variant == "compiled":
-        graphs.STEP_COMPILATION["cuda"] = {}
-    try:
-        yield
-    finally:
-        graphs.STEP_COMPILATION.clear()
-        graphs.STEP_COMPILATION.update(compilation)
-        search.captured = captured
-        graphs.captured.cache_clear()
-        torch._dynamo.reset()
+# How each variant runs the package loop's steps after each call's first on an accelerator (kernels/graphs.py), as
+# the engine's `compile`: eager, not compiled; compiled by inductor without CUDA graphs; or captured, the package's
+# default (CUDA graphs).
+PACKAGE_STEPS: dict[str, bool | dict] = {"eager": False, "compiled": {}, "captured": True}
 
 
 def package_loop_speed(
     run: Run, model: VaswaniForConditionalGeneration, inputs: dict[str, Any], variant: str
 ) -> dict[str, Any]:
-    """The package loop with its steps as `variant` runs them, checked against the eager loop."""
-    with package_steps("eager"):
-        eager = package_loop(model, inputs)
-    with package_steps(variant):
-        figures, output = decoding_speed(run, PACKAGE_LOOP, partial(package_loop, model, inputs), warmup=2)
+    """The package loop with its steps as `variant` runs them (an engine of its own, compiled afresh), checked
+    against the eager loop."""
+    with Translator(model, compile=False) as translator:
+        eager = package_loop(translator, inputs)
+    with Translator(model, compile=PACKAGE_STEPS[variant]) as translator:
+        figures, output = decoding_speed(run, PACKAGE_LOOP, partial(package_loop, translator, inputs), warmup=2)
     figures["equal to the eager loop"] = output.shape == eager.shape and torch.equal(output, eager)
     return {**figures, "steps": variant}
 

@@ -32,6 +32,7 @@ from hf_vaswani.decoding.search import (
     UNREAD_SETTINGS,
     Decoder,
     Request,
+    SearchState,
     covered_request,
     decode,
     generate,
@@ -268,10 +269,11 @@ def test_on_an_accelerator_a_step_reads_one_value_on_the_host(monkeypatch, call:
     monkeypatch.setattr(Decoder, "next_logits", counted_step)
     take_tensors_as_on_an_accelerator(monkeypatch)
     request = covered_request(model, source, None, {"attention_mask": mask, **call})  # reads the source lengths
-    decode(model, request)
+    state = SearchState("compiled", compile=True)
+    decode(model, request, state)
     caches.clear()
     host_reads = count_host_reads(monkeypatch)
-    ours = decode(model, request)
+    ours = decode(model, request, state)
     assert len(caches) > 3 and sum(host_reads.values()) <= len(caches), (dict(host_reads), len(caches))
     assert set(caches) == {StaticCache}
     if isinstance(theirs, torch.Tensor):

@@ -118,7 +118,8 @@ def test_an_int8_projection_over_the_listed_columns_gives_the_int8_projections_v
     assert isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
     hidden = torch.randn(6, 1, model.config.d_model, generator=torch.Generator().manual_seed(0))
     columns = torch.tensor([0, 3, 4, 17, model.config.vocab_size - 1])
-    assert torch.equal(projection_over(projection, columns)(hidden), projection(hidden)[..., columns])
+    unpacked = (projection.weight(), projection.bias())
+    assert torch.equal(projection_over(projection, columns, unpacked)(hidden), projection(hidden)[..., columns])
 
 
 def test_a_shortlist_of_every_token_decodes_as_the_whole_vocabulary() -> None:

@@ -29,6 +29,7 @@ from hf_vaswani.kernels import cpu as cpu_kernels
 from hf_vaswani.kernels.cpu import (
     FEW_QUERIES,
     PACKED_KERNELS,
+    PACKED_WEIGHTS,
     CheapMaskDropout,
     FastestKernelAttention,
     FastestKernelLinear,
@@ -36,13 +37,14 @@ from hf_vaswani.kernels.cpu import (
     fastest_packed_kernel,
     few_query_attention,
     kernelize,
-    packed_decoder_weights,
+    multiplying_by,
+    packed,
     packed_weights,
     product,
     sdpa_or_fewer_operators,
 )
 from hf_vaswani.kernels.cpu_features import cpu_bf16_matmul_works
-from hf_vaswani.kernels.quantization import fastest_int8_engine, quantize_int8
+from hf_vaswani.kernels.quantization import fastest_int8_engine, process_int8_engine, quantize_int8
 from hf_vaswani.model import modeling_vaswani
 from hf_vaswani.model.loss_vaswani import ProjectedLabelSmoothedLoss
 
@@ -134,17 +136,22 @@ def test_the_kernel_is_measured_once_per_shape_dtype_and_thread_count_and_used()
     layers = [FastestKernelLinear(48, 80), FastestKernelLinear(48, 80), FastestKernelLinear(80, 48)]
     layers.append(FastestKernelLinear(48, 80).to(torch.bfloat16))
     threads = torch.get_num_threads()
-    with packed_decoder_weights(layers):
-        chosen = [layer.packed_kernel for layer in layers]
-        packed = [layer.packed_weight is not None for layer in layers]
+    with multiplying_by(packed(layers)):
+        chosen = [getattr(packed_copy(layer), "kernel", None) for layer in layers]
+        held = [packed_copy(layer) is not None for layer in layers]
     assert fastest_packed_kernel.cache_info().misses == 3  # two float32 shapes and one bf16, each timed once
     expected = [fastest_packed_kernel(48, 80, threads, torch.float32)] * 2
     expected += [fastest_packed_kernel(80, 48, threads, torch.float32), fastest_packed_kernel(48, 80, threads, BF16)]
-    assert chosen == expected and packed == [kernel is not None for kernel in expected]
+    assert chosen == expected and held == [kernel is not None for kernel in expected]
     assert set(expected[:3]) <= {None, *AVAILABLE_KERNELS}
     assert expected[3] is None or PACKED_KERNELS[expected[3]].available(BF16)
     assert fastest_packed_kernel.cache_info().misses == 3
-    assert all(layer.packed_weight is None and layer.packed_kernel is None for layer in layers)
+    assert all(packed_copy(layer) is None for layer in layers)
+
+
+def packed_copy(layer: nn.Module):
+    """The packed copy of `layer`'s weight that decoding in this thread multiplies by, or None."""
+    return PACKED_WEIGHTS.get().get(layer)
 
 
 BF16 = torch.bfloat16
@@ -158,16 +165,17 @@ def test_packed_bf16_projection_equals_torch_linear_to_bf16_rounding(rows: int, 
     torch.manual_seed(0)
     layer = FastestKernelLinear(48, 80).to(BF16)
     inputs = torch.randn(rows, 1, 48, dtype=BF16)
-    with packed_decoder_weights([layer]), torch.no_grad():
-        assert layer.packed_kernel == kernel
-        packed = layer(inputs)
-    assert packed.dtype == BF16
+    with multiplying_by(packed([layer])), torch.no_grad():
+        assert packed_copy(layer).kernel == kernel
+        product_by_copy = layer(inputs)
+    assert product_by_copy.dtype == BF16
     exact = nn.functional.linear(inputs.double(), layer.weight.double(), layer.bias.double())
     absolute_sum = inputs.double().abs() @ layer.weight.double().abs().T + layer.bias.double().abs()
     # Products of bf16 operands are exact in float32; the kernel sums them in float32 ((48 + 1) eps_32 / 2 of the
     # absolute sum, Higham 3.1) and rounds the result to bf16 (eps_bf16 / 2 of it): within that of the exact value.
     bound = ((48 + 1) * torch.finfo(torch.float32).eps + torch.finfo(BF16).eps) / 2 * absolute_sum
-    assert torch.all((packed.double() - exact).abs() <= bound), ((packed.double() - exact).abs() / bound).max()
+    error = (product_by_copy.double() - exact).abs()
+    assert torch.all(error <= bound), (error / bound).max()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32, 256, 300])
@@ -175,17 +183,18 @@ def test_packed_projection_equals_torch_linear(rows: int, packed_kernel: str) ->
     torch.manual_seed(0)
     layer = FastestKernelLinear(48, 80)
     inputs = torch.randn(rows, 1, 48)
-    with packed_decoder_weights([layer]), torch.no_grad():
-        assert layer.packed_weight is not None and layer.packed_kernel == packed_kernel
-        packed = layer(inputs)
-    assert layer.packed_weight is None  # the copy lives for the block only
+    with multiplying_by(packed([layer])), torch.no_grad():
+        assert packed_copy(layer).kernel == packed_kernel
+        product_by_copy = layer(inputs)
+    assert packed_copy(layer) is None  # the copy is in use for the block only
     with torch.no_grad():
         expected = nn.functional.linear(inputs, layer.weight, layer.bias)
         absolute_sum = inputs.abs() @ layer.weight.abs().T + layer.bias.abs()
     # The two kernels may sum in any order: each lands within (48 + 1) * eps / 2 * absolute_sum of the exact value
     # (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), so they differ by at most twice that, on any CPU.
     bound = (layer.in_features + 1) * torch.finfo(torch.float32).eps * absolute_sum
-    assert torch.all((packed - expected).abs() <= bound), ((packed - expected).abs() / bound).max()
+    error = (product_by_copy - expected).abs()
+    assert torch.all(error <= bound), (error / bound).max()
 
 
 PRODUCT_CHOICES = [None, *(["onednn"] if torch.backends.mkldnn.is_available() else [])]
@@ -383,8 +392,7 @@ def test_under_deterministic_algorithms_linears_are_torchs_and_nothing_is_timed(
     assert all(torch.equal(got, want) for got, want in zip(grads, expected_grads, strict=True))
     a, b = torch.randn(200, 48), torch.randn(80, 48)
     assert torch.equal(product(a, b), nn.functional.linear(a, b))
-    with packed_decoder_weights([layer]):
-        assert layer.packed_weight is None
+    assert packed([layer]) == {}
     module, (query, key, value, _) = nn.Module(), attention_operands(2, 1, 6, "none")
     module.is_causal = True
     with torch.inference_mode():
@@ -463,7 +471,7 @@ def test_weights_held_packed_for_a_loop_of_searches_are_packed_once(packed_kerne
     packed_shapes = []
     counting = kernel._replace(pack=lambda weight: packed_shapes.append(tuple(weight.shape)) or kernel.pack(weight))
     monkeypatch.setitem(PACKED_KERNELS, packed_kernel, counting)
-    linears = [m for m in model.modules() if isinstance(m, FastestKernelLinear) and m.packed_weight is None]
+    linears = [m for m in model.modules() if isinstance(m, FastestKernelLinear)]
     decoding_linears = [
         m for part in (model.get_decoder(), model.get_output_embeddings()) for m in part.modules() if m in linears
     ]
@@ -474,12 +482,12 @@ def test_weights_held_packed_for_a_loop_of_searches_are_packed_once(packed_kerne
     assert len(packed_shapes) == len(sources) * len(decoding_linears)  # each call packs every decoding weight
     packed_shapes.clear()
     with packed_weights(model):
-        assert all(m.packed_weight is not None for m in decoding_linears)
+        assert all(packed_copy(m) is not None for m in decoding_linears)
         with torch.inference_mode():
             held = [generate(model, input_ids=source, **options) for source in sources]
-        assert all(m.packed_weight is not None for m in decoding_linears)  # generate's own block left them packed
+        assert all(packed_copy(m) is not None for m in decoding_linears)  # generate's own block left them packed
     assert len(packed_shapes) == len(decoding_linears)
-    assert all(m.packed_weight is None and m.packed_kernel is None for m in linears)
+    assert all(packed_copy(m) is None for m in linears)
     for got, expected in zip(held, separately, strict=True):
         assert torch.equal(got.sequences, expected.sequences)
         assert torch.equal(got.sequences_scores, expected.sequences_scores)  # the same packed copies, the same sums
@@ -612,3 +620,17 @@ def test_the_int8_engine_is_one_torch_has_here_measured_once_per_thread_count() 
     engine = fastest_int8_engine(threads)
     assert engine in torch.backends.quantized.supported_engines
     assert fastest_int8_engine(threads) == engine and fastest_int8_engine.cache_info().misses == 1
+
+
+def test_the_process_int8_engine_is_set_once_and_never_flipped_by_quantizing(monkeypatch) -> None:
+    """torch's quantized engine is process-wide: the first int8 model sets it to the measured one, and no later
+    quantization (another thread's among them) changes it."""
+    monkeypatch.setattr(torch.backends.quantized, "engine", torch.backends.quantized.engine)  # restored after
+    process_int8_engine.cache_clear()
+    engines_seen = []
+    model = kernelize(VaswaniForConditionalGeneration(VaswaniConfig(**TINY_MODEL))).eval()
+    for _ in range(2):
+        quantize_int8(model)
+        engines_seen.append(torch.backends.quantized.engine)
+    assert engines_seen == [fastest_int8_engine(torch.get_num_threads())] * 2
+    assert process_int8_engine.cache_info().misses == 1

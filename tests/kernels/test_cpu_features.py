@@ -10,7 +10,7 @@ from torch import nn
 
 from hf_vaswani.kernels import cpu as cpu_kernels
 from hf_vaswani.kernels import cpu_features
-from hf_vaswani.kernels.cpu import FastestKernelLinear, packed_decoder_weights
+from hf_vaswani.kernels.cpu import PACKED_WEIGHTS, FastestKernelLinear, multiplying_by, packed
 from hf_vaswani.kernels.cpu_features import cpu_float_type_problem, has_native_instructions
 
 
@@ -56,7 +56,7 @@ def test_bf16_weights_are_packed_only_where_onednn_takes_them(monkeypatch) -> No
     cpu_kernels.fastest_packed_kernel.cache_clear()
     layer = FastestKernelLinear(48, 80).to(torch.bfloat16)
     inputs = torch.randn(4, 48, dtype=torch.bfloat16)
-    with packed_decoder_weights([layer]), torch.no_grad():
-        assert layer.packed_weight is None
+    with multiplying_by(packed([layer])), torch.no_grad():
+        assert PACKED_WEIGHTS.get() == {}
         assert torch.equal(layer(inputs), nn.functional.linear(inputs, layer.weight, layer.bias))
     cpu_kernels.fastest_packed_kernel.cache_clear()

@@ -152,11 +152,11 @@ def test_a_byte_order_mark_is_dropped_from_every_text_input(tiny_folder, tmp_pat
 
     translated = []
 
-    def translate(model, tokenizer, sentences: list[str], **options) -> list[str]:
+    def translate(translator, sentences: list[str], **options) -> list[str]:
         translated.append(sentences)
         return sentences
 
-    monkeypatch.setattr(hf_vaswani.decoding.translation, "translate", translate)
+    monkeypatch.setattr(hf_vaswani.decoding.translation.Translator, "translate", translate)
     (tmp_path / "in.txt").write_bytes(with_bom(lines))
     hf_vaswani.cli.main(["translate", str(tiny_folder), "--input", str(tmp_path / "in.txt")])
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(with_bom(lines))))
