@@ -15,6 +15,7 @@ from .files import check_input_file, check_output_file, new_folder
 from .gpu_policy import default_device
 from .kernels.allocator import reuse_freed_memory
 from .model.errors_vaswani import UsageError
+from .serving.settings import ServingSettings
 from .text_io import PipeClosed
 from .training.settings import DEMO_SETTINGS, RecipeSettings, setting_flag
 
@@ -215,11 +216,19 @@ def check_shortlist(args: argparse.Namespace) -> None:
         raise UsageError(f"--shortlist: {args.model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
 
 
-def shortlist_options(args: argparse.Namespace, model) -> dict:
-    """The package search's `shortlist` argument of --shortlist: the model folder's shortlist."""
-    from .decoding.shortlist import Shortlist
+def translator_of(args: argparse.Namespace):
+    """The decoding engine of a command's model folder, in the precision and on the device asked, with the folder's
+    shortlist if --shortlist."""
+    from .decoding.translation import Translator
 
-    return {"shortlist": Shortlist.load(args.model, model.config.vocab_size)} if args.shortlist else {}
+    return Translator(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        int8=args.int8,
+        trust_remote_code=args.trust_remote_code,
+        shortlist=args.shortlist,
+    )
 
 
 def command_shortlist(args: argparse.Namespace) -> None:
@@ -257,8 +266,7 @@ def check_not_an_input(output: Path, inputs: dict[str, Path | None]) -> None:
 
 def command_translate(args: argparse.Namespace) -> None:
     from .decoding.alignment import align_nbest, align_pairs, check_alignment_layer
-    from .decoding.loading import load_model_folder
-    from .decoding.translation import check_batch_size, check_nbest, nbest_lines, translate, translate_nbest
+    from .decoding.translation import check_batch_size, check_nbest, nbest_lines
     from .files import write_lines
     from .text_io import alignment_text, print_lines, read_sentences
 
@@ -276,8 +284,8 @@ def command_translate(args: argparse.Namespace) -> None:
     if args.alignment_layer is not None and not args.alignments:
         raise UsageError("--alignment-layer has no effect without --alignments: leave one of them out")
     alignment_layer = -1 if args.alignment_layer is None else args.alignment_layer
-    model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code, args.dtype)
-    options |= shortlist_options(args, model)
+    translator = translator_of(args)
+    model, tokenizer = translator.model, translator.tokenizer
     if args.alignments:
         check_alignment_layer(model, alignment_layer)
     if args.input:
@@ -286,7 +294,7 @@ def command_translate(args: argparse.Namespace) -> None:
     else:
         sentences = read_sentences(sys.stdin.buffer, "standard input")
     if args.nbest is not None:
-        nbest = translate_nbest(model, tokenizer, sentences, args.nbest, batch_size=args.batch_size, **options)
+        nbest = translator.translate_nbest(sentences, args.nbest, batch_size=args.batch_size, **options)
         alignments = (
             align_nbest(model, tokenizer, sentences, nbest, alignment_layer, args.batch_size)
             if args.alignments
@@ -294,9 +302,7 @@ def command_translate(args: argparse.Namespace) -> None:
         )
         lines = list(nbest_lines(nbest, alignments))
     else:
-        lines = translate(
-            model, tokenizer, sentences, batch_size=args.batch_size, progress=sys.stderr.isatty(), **options
-        )
+        lines = translator.translate(sentences, batch_size=args.batch_size, progress=sys.stderr.isatty(), **options)
         if args.alignments:
             alignments = align_pairs(model, tokenizer, sentences, lines, alignment_layer, args.batch_size)
             lines = [f"{line} ||| {alignment_text(pairs)}" for line, pairs in zip(lines, alignments, strict=True)]
@@ -304,6 +310,29 @@ def command_translate(args: argparse.Namespace) -> None:
         write_lines(lines, args.output)
     else:
         print_lines(lines, sys.stdout)
+
+
+# What `vaswani serve` needs beyond the package's dependencies: the extra `serve`.
+SERVING_PACKAGES = ("starlette", "uvicorn", "python_multipart")
+
+
+def command_serve(args: argparse.Namespace) -> None:
+    from .serving.languages import language_pair
+
+    settings = ServingSettings(**{setting.name: getattr(args, setting.name) for setting in fields(ServingSettings)})
+    check_shortlist(args)
+    pair = language_pair(args.model, args.source_lang, args.target_lang)
+    try:
+        from .serving.app import create_app
+        from .serving.batcher import Batcher
+        from .serving.server import listening_socket, serve
+    except ModuleNotFoundError as error:
+        package = (error.name or "").partition(".")[0]
+        if package not in SERVING_PACKAGES:
+            raise
+        raise UsageError(f"serving needs {package}, not installed: pip install 'hf_vaswani[serve]'") from None
+    listening = listening_socket(args.host, args.port)  # taken first: a port in use is refused before loading
+    serve(create_app(Batcher(translator_of(args), settings), pair, settings), listening)
 
 
 def command_score(args: argparse.Namespace) -> None:
@@ -335,7 +364,6 @@ def command_score(args: argparse.Namespace) -> None:
 
 def command_evaluate(args: argparse.Namespace) -> None:
     from .data.corpus import load_parallel_files
-    from .decoding.loading import load_model_folder
     from .decoding.scoring import translate_and_score
     from .decoding.translation import check_batch_size
     from .text_io import print_lines
@@ -345,17 +373,13 @@ def command_evaluate(args: argparse.Namespace) -> None:
     check_batch_size(args.batch_size, "--batch-size")
     check_shortlist(args)
     test = load_parallel_files(args.source, args.reference)
-    model, tokenizer = load_model_folder(args.model, args.device, args.int8, args.trust_remote_code, args.dtype)
-    options = shortlist_options(args, model)
     hypotheses, report = translate_and_score(
-        model,
-        tokenizer,
+        translator_of(args),
         test["source"],
         test["target"],
         args.target_lang,
         batch_size=args.batch_size,
         progress=sys.stderr.isatty(),
-        **options,
     )
     report["sentences"] = len(hypotheses)
     print_lines(json.dumps(report, indent=2).split("\n"), sys.stdout)
@@ -550,6 +574,24 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--batch-size", type=int, default=64)
     add_model_loading_arguments(score)
     score.set_defaults(handler=command_score)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve translations over HTTP, LibreTranslate's API, concurrent requests decoded in shared batches",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("model", help="a saved model folder")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=5000, help="0: a free port, named in the log")
+    serve.add_argument("--source-lang", help="the model's source language, where its folder does not record it")
+    serve.add_argument("--target-lang", help="the model's target language, where its folder does not record it")
+    for setting in fields(ServingSettings):
+        serve.add_argument(
+            option_flag(setting.name), type=setting.type, default=setting.default, help=setting.metadata["help"]
+        )
+    add_shortlist_argument(serve)
+    add_model_loading_arguments(serve)
+    serve.set_defaults(handler=command_serve)
 
     evaluate = commands.add_parser(
         "evaluate", help="translate a test set and score it: sacreBLEU, chrF2, tokenized BLEU"
