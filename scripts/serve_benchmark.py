@@ -12,6 +12,7 @@ concurrency: throughput in sentences/s, p50 and p99 latency. Every answer is che
 
     python scripts/serve_benchmark.py --threads 2                 # fp32, base size, concurrency 1, 4, 16, 64
     python scripts/serve_benchmark.py --threads 2 --int8          # int8
+    python scripts/serve_benchmark.py --threads 2 --processes 2   # two 1-thread servers, clients spread over both
     python scripts/serve_benchmark.py --preset tiny --requests 24 --concurrency 1 4   # a quick check
 
 The clients share the CPU with the server measured, the same for both systems. Results: docs/performance.md (Serving).
@@ -61,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="base")
     parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size of the random model")
     parser.add_argument("--threads", type=int, default=2, help="threads of each server (torch's; CTranslate2's split)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="`vaswani serve` processes sharing --threads, the clients spread over them in turn (as a load balancer "
+        "would spread them); CTranslate2 as before",
+    )
     parser.add_argument("--int8", action="store_true", help="both systems in int8 (default: fp32)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="clients at once")
     parser.add_argument("--requests", type=int, default=400, help="timed requests at each concurrency")
@@ -167,16 +175,16 @@ class Measurement:
     p99_ms: float
 
 
-async def load(url: str, texts: list[str], concurrency: int, warmup: int, output_length: int) -> Measurement:
-    """`concurrency` clients sending one sentence a request, each as soon as its last is answered: `warmup` requests
-    each untimed, then `texts` between them, timed."""
+async def load(urls: list[str], texts: list[str], concurrency: int, warmup: int, output_length: int) -> Measurement:
+    """`concurrency` clients sending one sentence a request, each as soon as its last is answered, client i to server
+    i mod len(urls): `warmup` requests each untimed, then `texts` between them, timed."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     latencies: list[float] = []
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=REQUEST_SECONDS) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=REQUEST_SECONDS) as client:
 
-        async def translate(text: str) -> float:
+        async def translate(url: str, text: str) -> float:
             started = time.perf_counter()
-            response = await client.post("/translate", json={"q": text, "source": "en", "target": "de"})
+            response = await client.post(f"{url}/translate", json={"q": text, "source": "en", "target": "de"})
             seconds = time.perf_counter() - started
             response.raise_for_status()
             words = len(response.json()["translatedText"].split())
@@ -184,16 +192,17 @@ async def load(url: str, texts: list[str], concurrency: int, warmup: int, output
                 raise RuntimeError(f"{url} answered {words} words, not the forced {output_length} tokens")
             return seconds
 
-        async def client_loop(queue: list[str], record: bool) -> None:
+        async def client_loop(url: str, queue: list[str], record: bool) -> None:
             while queue:
-                seconds = await translate(queue.pop())
+                seconds = await translate(url, queue.pop())
                 if record:
                     latencies.append(seconds)
 
-        await asyncio.gather(*(client_loop(texts[:warmup], False) for _ in range(concurrency)))
+        clients = [urls[i % len(urls)] for i in range(concurrency)]
+        await asyncio.gather(*(client_loop(url, texts[:warmup], False) for url in clients))
         remaining = list(texts)
         started = time.perf_counter()
-        await asyncio.gather(*(client_loop(remaining, True) for _ in range(concurrency)))
+        await asyncio.gather(*(client_loop(url, remaining, True) for url in clients))
         seconds = time.perf_counter() - started
     percentiles = statistics.quantiles(latencies, n=100, method="inclusive")
     return Measurement(concurrency, len(latencies) / seconds, percentiles[49] * 1000, percentiles[98] * 1000)
@@ -213,19 +222,24 @@ def started_server(command: list[str], environment: dict[str, str], log: Path) -
     return process, url
 
 
-def measured(command: list[str], environment: dict[str, str], log: Path, args: argparse.Namespace) -> list[Measurement]:
-    process, url = started_server(command, environment, log)
+def measured(
+    command: list[str], environment: dict[str, str], log: Path, args: argparse.Namespace, processes: int = 1
+) -> list[Measurement]:
+    """Each concurrency's figures of `processes` servers run by `command` (each logging to `log` numbered)."""
+    servers = [started_server(command, environment, log.with_suffix(f".{i}.log")) for i in range(processes)]
+    urls = [url for _, url in servers]
     try:
         results = []
         for concurrency in args.concurrency:
             results.append(
-                asyncio.run(load(url, sentences(args, args.requests), concurrency, args.warmup, args.output_length))
+                asyncio.run(load(urls, sentences(args, args.requests), concurrency, args.warmup, args.output_length))
             )
             print(f"  {results[-1]}", flush=True)
         return results
     finally:
-        process.terminate()
-        process.wait(STARTUP_SECONDS)
+        for process, _ in servers:
+            process.terminate()
+            process.wait(STARTUP_SECONDS)
 
 
 def table(systems: dict[str, list[Measurement]], best_split: list[tuple[str, Measurement]]) -> str:
@@ -248,6 +262,8 @@ def main() -> None:
     if args.serve_ctranslate2:
         serve_ctranslate2(args)
         return
+    if args.processes < 1 or args.threads % args.processes:
+        raise SystemExit(f"--processes must divide --threads ({args.threads}), got {args.processes}")
     command_line = shlex.join([sys.executable, *sys.argv])
     environment = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     with tempfile.TemporaryDirectory() as scratch:
@@ -255,13 +271,14 @@ def main() -> None:
         model_folder, ct2_folder = write_models(args, workdir)
         precision = ["--int8"] if args.int8 else []
         systems: dict[str, list[Measurement]] = {}
-        print("hf_vaswani (vaswani serve)", flush=True)
+        print(f"hf_vaswani (vaswani serve, {args.processes} x {args.threads // args.processes} threads)", flush=True)
         command = [sys.executable, "-m", "hf_vaswani.cli", "serve", str(model_folder), "--port", "0", "--device", "cpu"]
         systems["hf_vaswani"] = measured(
             [*command, "--source-lang", "en", "--target-lang", "de", *precision],
-            environment,
+            {**environment, "OMP_NUM_THREADS": str(args.threads // args.processes)},
             workdir / "ours.log",
             args,
+            args.processes,
         )
         for inter_threads in (i for i in range(1, args.threads + 1) if args.threads % i == 0):
             split = f"{inter_threads} x {args.threads // inter_threads}"
@@ -281,6 +298,7 @@ def main() -> None:
         "command": command_line,
         "cpu": cpu_model_name(),
         "threads": args.threads,
+        "processes": args.processes,
         "precision": "int8" if args.int8 else "fp32",
         "settings": {key: str(value) for key, value in vars(args).items()},
         "results": {name: [asdict(measurement) for measurement in results] for name, results in systems.items()},
