@@ -119,9 +119,12 @@ def test_a_step_that_dynamo_runs_eagerly_says_so_once_naming_the_model(monkeypat
     calls = [padded_batch(model.config.vocab_size, lengths, seed=2, eos_token_id=EOS) for lengths in ([5, 3], [4])]
     eager = [Translator(model, compile=False).generate(s, attention_mask=m, max_new_tokens=5) for s, m in calls]
     take_tensors_as_on_an_accelerator(monkeypatch)
-    monkeypatch.setattr(torch.compiler.config, "recompile_limit", 1)
     compile = {"backend": "aot_eager", "dynamic": False}
-    with Translator(model, compile=compile) as translator, warnings.catch_warnings(record=True) as caught:
+    with (
+        torch.compiler.config.patch(recompile_limit=1),
+        Translator(model, compile=compile) as translator,
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("default")
         for _ in range(2):
             outputs = [translator.generate(s, attention_mask=m, max_new_tokens=5) for s, m in calls]
