@@ -200,7 +200,6 @@ class Translator:
         check_batch(sentences, batch_size)
         if self.tokenizer is None:
             raise UsageError("this Translator has no tokenizer: give one with the model, or use generate")
-        shortlist = generate_kwargs.pop("shortlist", None) or self.shortlist
         batches = length_sorted_batches(
             (i for i, sentence in enumerate(sentences) if sentence.strip()), lambda i: len(sentences[i]), batch_size
         )
@@ -209,7 +208,7 @@ class Translator:
                 batch = self.tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True)
             batch = batch.to(self.model.device)
             with torch.inference_mode():
-                yield indices, search(self.model, self._state, None, None, shortlist, {**batch, **generate_kwargs})
+                yield indices, self.generate(**batch, **generate_kwargs)
 
 
 def translate(

@@ -263,11 +263,12 @@ def packed_weights(model: PreTrainedModel) -> Iterator[None]:
     the packing per call. The weights must not change inside the block (an in-place update such as fused AdamW's does
     not even bump a tensor's version counter, so a copy kept longer could silently go stale). Weights an enclosing
     block packed are not packed again."""
+    linears = decoder_linears(model)
     in_use = PACKED_WEIGHTS.get()
-    if all(linear in in_use for linear in decoder_linears(model)):  # packed by an enclosing block
+    if all(linear in in_use for linear in linears):  # packed by an enclosing block
         yield
         return
-    with multiplying_by(pack_decoder_weights(model)):
+    with multiplying_by(packed(linears)):
         yield
 
 
@@ -315,9 +316,14 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         return nn.functional.linear(a, b, bias)
     layout = (a.stride(-1) == 1, b.stride(-1) == 1, bias is None)
     key = (*shape_class(*a.shape, b.shape[0]), *layout, torch.get_num_threads())
-    products = {None: partial(nn.functional.linear, a, b, bias), "onednn": partial(onednn_product, a, b, bias)}
-    kernel = chosen_once(PRODUCT_KERNELS, key, partial(measured_without_gradients, products))
-    return products[kernel]()
+    kernel = chosen_once(
+        PRODUCT_KERNELS,
+        key,
+        lambda: measured_without_gradients(
+            {None: partial(nn.functional.linear, a, b, bias), "onednn": partial(onednn_product, a, b, bias)}
+        ),
+    )
+    return (onednn_product if kernel == "onednn" else nn.functional.linear)(a, b, bias)
 
 
 class LinearByFastestProducts(torch.autograd.Function):
@@ -439,11 +445,18 @@ def sdpa_or_fewer_operators(
     sizes = shape_class(query.shape[0] * query.shape[1], queries, key.shape[2])
     shape_key = (*sizes, query.dtype, mask_kind, torch.get_num_threads())
     arguments = (module, query, key, value, attention_mask)
-    attentions = {
-        None: partial(sdpa_attention_forward, *arguments, **kwargs),
-        "few_query": partial(few_query_attention, *arguments, **kwargs),
-    }
-    return attentions[chosen_once(ATTENTION_KERNELS, shape_key, partial(fastest, attentions))]()
+    kernel = chosen_once(
+        ATTENTION_KERNELS,
+        shape_key,
+        lambda: fastest(
+            {
+                None: partial(sdpa_attention_forward, *arguments, **kwargs),
+                "few_query": partial(few_query_attention, *arguments, **kwargs),
+            }
+        ),
+    )
+    attention = few_query_attention if kernel == "few_query" else sdpa_attention_forward
+    return attention(*arguments, **kwargs)
 
 
 class FastestKernelAttention(VaswaniMultiHeadAttention):
