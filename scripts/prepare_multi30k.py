@@ -6,7 +6,8 @@ LividWo/Revisit-MMT's data went through before its BPE, done with sacremoses. On
 BPE-removed train, valid and test.2016 text line for line (the test reference: 12,103 tokens, their reflen).
 
     python scripts/prepare_multi30k.py DATA_DIR OUTPUT_DIR [--source-lang en --target-lang de]
-    scripts/multi30k.sh OUTPUT_DIR ...     # then train on the prepared files
+
+scripts/multi30k.sh runs it on its DATA_DIR, into its OUTPUT_DIR/prepared, and trains on the prepared files.
 
 Reads DATA_DIR/{train,val,test_2016_flickr}.{SRC,TGT}.gz (one sentence a line) and writes gzipped files of the same
 names to OUTPUT_DIR. Score a model trained on them by BLEU over whitespace tokens of its output and of the prepared

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -152,12 +153,34 @@ def test_prepared_text_is_made_once_whole(published) -> None:
     assert not (other / "prepared.partial").exists()
 
 
-def test_the_default_recipe_stays_the_raw_text_one(tmp_path) -> None:
+def test_the_default_recipe_is_the_published_one_on_a_time_budget(published, tmp_path) -> None:
+    # The same text, model, regularisation, optimiser, batches and beam; what a 28-minute budget changes, and no more.
+    published_settings, _, _ = published
+    write_raw_corpus(tmp_path / "raw")
     arguments = run_script(tmp_path, tmp_path / "raw", tmp_path / "out")
-    assert arguments[arguments.index("--train") + 1] == str(tmp_path / "raw" / "train.en.gz")
-    assert "--max-train-minutes" in arguments and not (tmp_path / "out").exists()
-    settings = settings_from_args(build_parser().parse_args(arguments))
-    assert (settings.model_overrides["d_model"], settings.vocab_size, settings.max_steps) == (128, 8000, 6000)
+    assert arguments[arguments.index("--train") + 1] == str(tmp_path / "out" / "prepared" / "train.en.gz")
+    default = settings_from_args(build_parser().parse_args(arguments))
+    differences = {
+        field.name: (getattr(published_settings, field.name), getattr(default, field.name))
+        for field in fields(RecipeSettings)
+        if getattr(published_settings, field.name) != getattr(default, field.name)
+    }
+    initialization = differences.pop("model_overrides")
+    assert initialization[1] == {**initialization[0], "initialization": "fairseq"}
+    assert differences == {
+        "max_train_minutes": (None, 28.0),
+        "cooldown_steps": (None, 1000),
+        "save_steps": (published_settings.save_steps, 250),
+        "save_every_epoch": (True, False),
+        "average_last": (10, 1),
+        "logging_steps": (published_settings.logging_steps, 50),
+        "bf16_if_faster": (False, True),
+        "eval_bleu_steps": (None, 1000),
+        "eval_bleu_sample": (None, 500),
+        "early_stopping_metric": ("loss", RecipeSettings().early_stopping_metric),
+        "early_stopping_patience": (10, None),
+        "seed": (1, RecipeSettings().seed),
+    }
 
 
 # --- Schedule and update ---------------------------------------------------------------------------------------------
