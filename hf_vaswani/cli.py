@@ -212,13 +212,14 @@ def check_shortlist(args: argparse.Namespace) -> None:
     """Refuses --shortlist for a model folder that holds none, before the model is loaded."""
     from .decoding.shortlist import SHORTLIST_FILE
 
-    if args.shortlist and not (Path(args.model) / SHORTLIST_FILE).is_file():
-        raise UsageError(f"--shortlist: {args.model} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
+    folder = args.model if isinstance(args.model, str) else args.model[0]  # an ensemble's: its first model's
+    if args.shortlist and not (Path(folder) / SHORTLIST_FILE).is_file():
+        raise UsageError(f"--shortlist: {folder} has no {SHORTLIST_FILE} (build one with `vaswani shortlist`)")
 
 
 def translator_of(args: argparse.Namespace):
-    """The decoding engine of a command's model folder, in the precision and on the device asked, with the folder's
-    shortlist if --shortlist."""
+    """The decoding engine of a command's model folder (or folders, an ensemble), in the precision and on the device
+    asked, with the (first) folder's shortlist if --shortlist."""
     from .decoding.translation import Translator
 
     return Translator(
@@ -283,6 +284,8 @@ def command_translate(args: argparse.Namespace) -> None:
         check_nbest(args.nbest, options.get("num_beams"))
     if args.alignment_layer is not None and not args.alignments:
         raise UsageError("--alignment-layer has no effect without --alignments: leave one of them out")
+    if args.alignments and len(args.model) > 1:
+        raise UsageError("--alignments reads one model's attention: give one model, not an ensemble")
     alignment_layer = -1 if args.alignment_layer is None else args.alignment_layer
     translator = translator_of(args)
     model, tokenizer = translator.model, translator.tokenizer
@@ -493,6 +496,13 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser, devices: bool =
     )
 
 
+# The model argument of the commands that decode with a Translator.
+ENSEMBLE_HELP = (
+    "a saved model folder (or Hub id); several models sharing one vocabulary decode as an ensemble, from the mean of "
+    "their probabilities, with the first one's tokenizer and decoding settings"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .decoding.scoring import NORMALIZATIONS
 
@@ -521,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", required=True, type=Path)
     average.set_defaults(handler=command_average)
     translate = commands.add_parser("translate", help="translate a file or stdin, one sentence a line")
-    translate.add_argument("model", help="a saved model folder (or Hub id)")
+    translate.add_argument("model", nargs="+", metavar="MODEL", help=ENSEMBLE_HELP)
     translate.add_argument("--input", type=Path, help="default: stdin")
     translate.add_argument("--output", type=Path, help="default: stdout")
     translate.add_argument("--batch-size", type=int, default=64)
@@ -596,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser(
         "evaluate", help="translate a test set and score it: sacreBLEU, chrF2, tokenized BLEU"
     )
-    evaluate.add_argument("model", help="a saved model folder (or Hub id)")
+    evaluate.add_argument("model", nargs="+", metavar="MODEL", help=ENSEMBLE_HELP)
     evaluate.add_argument("--source", required=True, type=Path, help="source sentences, one a line (.gz allowed)")
     evaluate.add_argument("--reference", required=True, type=Path, help="reference translations, line by line")
     evaluate.add_argument("--target-lang", default="de", help="language of the Moses tokenizer for tokenized BLEU")

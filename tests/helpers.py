@@ -178,18 +178,24 @@ def offset_eos_logit(model: VaswaniForConditionalGeneration, offset: float) -> N
         model.lm_head.weight[EOS, 0] = offset
 
 
-def exhaustive_scores(model, source: torch.Tensor, max_new_tokens: int, alpha: float) -> dict:
-    """Every possible output up to max_new_tokens, scored by teacher forcing: log P(Y|X) / lp(|Y|) in both forms."""
+def exhaustive_scores(models: list, source: torch.Tensor, max_new_tokens: int, alpha: float) -> dict:
+    """Every possible output up to max_new_tokens, scored by teacher forcing: log P(Y|X) / lp(|Y|) in both forms, P
+    the product over Y's tokens of the models' mean probability of each (one model's own for a list of one)."""
+    model = models[0]
     vocab = model.config.vocab_size
     non_eos = [t for t in range(vocab) if t != EOS]
     candidates = [(*prefix, EOS) for n in range(max_new_tokens) for prefix in itertools.product(non_eos, repeat=n)]
     candidates += list(itertools.product(non_eos, repeat=max_new_tokens))  # stopped by the length limit
     scores = {}
     with torch.no_grad():
-        encoder_outputs = model.get_encoder()(input_ids=source)
+        encoded = [member.get_encoder()(input_ids=source) for member in models]
         for candidate in candidates:
             decoder_input = torch.tensor([[model.config.decoder_start_token_id, *candidate[:-1]]])
-            log_probs = model(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input).logits.log_softmax(-1)
+            probabilities = [
+                member(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input).logits.softmax(-1)
+                for member, encoder_outputs in zip(models, encoded, strict=True)
+            ]
+            log_probs = torch.stack(probabilities).mean(0).log()
             total = sum(float(log_probs[0, i, token]) for i, token in enumerate(candidate))
             length = len(candidate)
             scores[candidate] = {

@@ -19,13 +19,17 @@ criteria, streamers, attention or hidden-state outputs, a given cache) goes to t
 loop: `covered_request` says which. The loop runs where it is called: `hf_vaswani.generate(model, ...)`, or the
 decoding engine (decoding/translation.py's `Translator`), through which the package's commands decode; `model.generate`
 is transformers' loop however the model was built or loaded.
+
+An ensemble of models sharing one vocabulary decodes by this loop alone (transformers' has none): each step scores a
+token by the log of the models' mean probability for it, as fairseq's ensemble does (`EnsembleDecoder`), under the
+first model's decoding settings.
 """
 
 import copy
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from weakref import WeakKeyDictionary
@@ -112,7 +116,7 @@ def generate(
     (`model_search_state`). Any number of threads may call it at once, with one model or many. A decoding engine
     that owns these and packs its weights once: decoding/translation.py's `Translator`."""
     with packed_weights(model):
-        return search(model, model_search_state(model), inputs, generation_config, shortlist, kwargs)
+        return search([model], [model_search_state(model)], inputs, generation_config, shortlist, kwargs)
 
 
 # The SearchState of each model that `generate` decodes, kept as long as the model lives (a Translator has its own).
@@ -134,30 +138,35 @@ def model_name(model: torch.nn.Module) -> str:
 
 
 def search(
-    model: VaswaniForConditionalGeneration,
-    state: "SearchState",
+    models: Sequence[VaswaniForConditionalGeneration],
+    states: Sequence["SearchState"],
     inputs: torch.Tensor | None,
     generation_config: GenerationConfig | None,
     shortlist: Shortlist | None,
     kwargs: dict,
 ):
-    """What `model.generate(inputs, generation_config, **kwargs)` returns, computed by this loop where it covers the
-    call (`covered_request`), with what `state` keeps between calls, else by `model.generate`. The CPU decoding weights
-    multiply packed where the caller packed them (kernels/cpu.py's `multiplying_by`).
+    """What `model.generate(inputs, generation_config, **kwargs)` returns for the one model of `models`, computed by
+    this loop where it covers the call (`covered_request`), with what its `states` entry keeps between calls, else by
+    `model.generate`; for several models, the ensemble's output by this loop, the call read by the first model's
+    settings. The CPU decoding weights multiply packed where the caller packed them (kernels/cpu.py's
+    `multiplying_by`).
 
     `shortlist` scores only the tokens it lists for the batch's sources (and </s>); a call this loop does not cover is
     then refused, since transformers' loop scores the whole vocabulary.
     """
+    model = models[0]
     request = covered_request(model, inputs, generation_config, kwargs)
     if not isinstance(request, Request):
         if shortlist is not None:
             raise UsageError(f"a shortlist needs the package's decoding loop, which does not cover {request}")
+        if len(models) > 1:
+            raise UsageError(f"an ensemble decodes by the package's loop only, which does not cover {request}")
         return model.generate(inputs, generation_config, **kwargs)
     if shortlist is not None:
         columns = shortlist.columns(request.source_ids, request.source_mask)
         eos = torch.tensor([request.config.eos_token_id], device=columns.device)
         request = dataclasses.replace(request, columns=torch.unique(torch.cat((columns, eos))))
-    return decode(model, request, state)
+    return decode(models, request, states)
 
 
 def covered_request(
@@ -288,6 +297,26 @@ class Decoder:
             if layer.is_initialized:
                 layer.keys.copy_(layer.keys.index_select(0, rows))
                 layer.values.copy_(layer.values.index_select(0, rows))
+
+
+class EnsembleDecoder:
+    """The Decoders of several models on one request, stepped together: a step's scores are the log of the models'
+    mean probability of each token (fairseq's ensemble), log-probabilities already, which a log-softmax leaves as they
+    are. Its `cache`, returned by a call that returns one, is the first model's."""
+
+    def __init__(self, members: Sequence[Decoder]):
+        self.members = members
+        self.cache = members[0].cache
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """float32 log of the members' mean probability (rows x columns) of the next token after each row's `tokens`."""
+        log_probs = torch.stack([torch.log_softmax(member.next_logits(tokens), -1) for member in self.members])
+        return torch.logsumexp(log_probs, 0).sub_(math.log(len(self.members)))
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Every member's self-attention cache in the order of `rows`."""
+        for member in self.members:
+            member.reorder(rows)
 
 
 def next_token_logits(
@@ -453,23 +482,23 @@ class SearchState:
 
 
 @torch.no_grad()
-def decode(model: VaswaniForConditionalGeneration, request: Request, state: SearchState):
-    """What `model.generate` returns for `request`, with what `state` keeps between calls."""
+def decode(models: Sequence[VaswaniForConditionalGeneration], request: Request, states: Sequence[SearchState]):
+    """What `model.generate` returns for `request` with the one model of `models`, or the ensemble's output for
+    several, with what `states` keep between calls."""
+    decoders = [Decoder(model, request, state) for model, state in zip(models, states, strict=True)]
     search = greedy_search if request.config.num_beams == 1 else beam_search
-    output = search(model, request, state)
+    output = search(request, decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders))
     if not request.config.return_dict_in_generate:
-        state.keep_static_cache(output.cache.self_attention_cache)
+        for decoder, state in zip(decoders, states, strict=True):
+            state.keep_static_cache(decoder.cache.self_attention_cache)
         return output.sequences
     copy_shared_cross_attention_cache(output.cache)
     return output
 
 
-def greedy_search(
-    model: VaswaniForConditionalGeneration, request: Request, state: SearchState
-) -> GenerateEncoderDecoderOutput:
+def greedy_search(request: Request, decoder: Decoder | EnsembleDecoder) -> GenerateEncoderDecoderOutput:
     """transformers' greedy decoding: the processed logits' argmax; finished rows get padding until all finish."""
     config = request.config
-    decoder = Decoder(model, request, state)
     rows = request.source_ids.shape[0]
     start = torch.full((rows,), config.decoder_start_token_id, device=request.source_ids.device)
     rules = StepRules.of(request, start.device)
@@ -489,9 +518,7 @@ def greedy_search(
     )
 
 
-def beam_search(
-    model: VaswaniForConditionalGeneration, request: Request, state: SearchState
-) -> GenerateBeamEncoderDecoderOutput:
+def beam_search(request: Request, decoder: Decoder | EnsembleDecoder) -> GenerateBeamEncoderDecoderOutput:
     """transformers' beam search: of the best 2k continuations of a sentence's k beams, those among the first k that
     end go to its finished hypotheses (score / length penalty) if among the best k there, the best k that do not end
     continue; it stops as transformers' does (early_stopping True, False or "never")."""
@@ -499,7 +526,6 @@ def beam_search(
     beams, keep = config.num_beams, 2 * config.num_beams
     sentences = request.source_ids.shape[0]
     device = request.source_ids.device
-    decoder = Decoder(model, request, state)
     rules = StepRules.of(request, device)
     tokens = torch.full((sentences * beams,), config.decoder_start_token_id, device=device)
     max_length = request.max_length

@@ -13,7 +13,7 @@ what they would get alone.
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..gpu_policy import default_device
 from ..kernels.cpu import multiplying_by, pack_decoder_weights, packed_weights
 from ..model.errors_vaswani import UsageError
 from ..model.generation_vaswani import check_generation_settings
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..text_io import alignment_text, as_one_line
 from .search import SearchState, model_name, model_search_state, search
 from .shortlist import Shortlist
@@ -50,23 +51,28 @@ def length_sorted_batches(indices: Iterable[int], length: Callable[[int], int], 
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+ModelSource = str | os.PathLike | PreTrainedModel  # a model folder or Hub id, or a model
+
+
 class Translator:
     """A model ready to decode, for any number of threads at once: `generate` (what `model.generate` returns, by the
     package's search), `translate` and `translate_nbest` (sentences in, text out).
 
     `model`: a model folder or Hub id (loaded by decoding/loading.py's `load_model_folder` with `device`, `dtype` and
-    `int8`, its tokenizer with it), or a model (used as it is: `device`, `dtype` and `int8` are for folders).
+    `int8`, its tokenizer with it), or a model (used as it is: `device`, `dtype` and `int8` are for folders); or a
+    list of them, an ensemble: this package's models sharing one vocabulary, decoded together from the mean of their
+    probabilities (decoding/search.py's `EnsembleDecoder`) with the first one's tokenizer and decoding settings.
     `compile`: the decoding steps on an accelerator compiled and, on CUDA, captured in CUDA graphs (True, the
     default), run eagerly (False), or compiled with these torch.compile options (a dict); CPU steps run eagerly.
-    `shortlist`: a Shortlist, or a folder holding one (True: the model folder's), used by every call unless the call
-    gives its own. `frozen`: the model's weights do not change while the engine is open, so it packs them once; False
-    (a model still training) packs them for each call and shares the model's steps and caches with
+    `shortlist`: a Shortlist, or a folder holding one (True: the (first) model folder's), used by every call unless
+    the call gives its own. `frozen`: the models' weights do not change while the engine is open, so it packs them
+    once; False (a model still training) packs them for each call and shares each model's steps and caches with
     `hf_vaswani.generate`.
     """
 
     def __init__(
         self,
-        model: str | os.PathLike | PreTrainedModel,
+        model: ModelSource | Sequence[ModelSource],
         tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         device: str | None = None,
@@ -77,28 +83,36 @@ class Translator:
         trust_remote_code: bool = False,
         frozen: bool = True,
     ):
-        if isinstance(model, (str, os.PathLike)):
-            from .loading import load_model_folder
-
-            folder = model
-            model, loaded_tokenizer = load_model_folder(
-                folder, device or default_device(), int8, trust_remote_code, dtype or "fp32"
-            )
-            tokenizer = tokenizer or loaded_tokenizer
-        elif device is not None or dtype is not None or int8:
+        sources = [model] if isinstance(model, (str, os.PathLike, PreTrainedModel)) else list(model)
+        if not sources:
+            raise UsageError("an ensemble needs at least one model")
+        if any(isinstance(source, PreTrainedModel) for source in sources) and (device or dtype or int8):
             raise UsageError("device, dtype and int8 apply to a model folder: move, cast or quantize a model first")
-        else:
-            folder = getattr(model, "name_or_path", "")
+        members = [loaded(source, device, dtype, int8, trust_remote_code) for source in sources]
+        models = [member_model for member_model, _ in members]
+        check_ensemble(models, [member_tokenizer for _, member_tokenizer in members])
         if shortlist is True:
-            shortlist = folder
+            shortlist = getattr(models[0], "name_or_path", "")
         if isinstance(shortlist, (str, os.PathLike)):
-            shortlist = Shortlist.load(shortlist, model.config.vocab_size)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
+            shortlist = Shortlist.load(shortlist, models[0].config.vocab_size)
+        self.models = tuple(member_model.eval() for member_model in models)
+        self.model = self.models[0]  # whose tokenizer and decoding settings the engine uses
+        self.tokenizer = tokenizer or members[0][1]
         self.shortlist = shortlist or None
         self.frozen = frozen
-        self._state = SearchState(model_name(model), compile) if frozen else model_search_state(model)
-        self._packed = pack_decoder_weights(model) if frozen else None
+        self._states = [
+            SearchState(model_name(member_model), compile) if frozen else model_search_state(member_model)
+            for member_model in self.models
+        ]
+        self._packed = (
+            {
+                linear: weight
+                for member_model in self.models
+                for linear, weight in pack_decoder_weights(member_model).items()
+            }
+            if frozen
+            else None
+        )
         self._tokenizing = threading.Lock()  # a fast tokenizer's settings are the Rust object's: one call at a time
         self._closed = False
 
@@ -114,7 +128,8 @@ class Translator:
         self._closed = True
         self._packed = None
         if self.frozen:
-            self._state.clear()
+            for state in self._states:
+                state.clear()
 
     def generate(
         self,
@@ -128,14 +143,19 @@ class Translator:
         returns, by the package's search where it covers the call; `shortlist` (default: the engine's) scores only
         the tokens it lists."""
         with self._decoding():
-            return search(self.model, self._state, inputs, generation_config, shortlist or self.shortlist, kwargs)
+            return search(self.models, self._states, inputs, generation_config, shortlist or self.shortlist, kwargs)
 
     def _decoding(self) -> AbstractContextManager[None]:
         """The packed weights in use in this thread for the block: the engine's, or packed for it."""
         packed = self._packed
         if self._closed:
             raise UsageError("this Translator is closed: make a new one to decode")
-        return packed_weights(self.model) if packed is None else multiplying_by(packed)
+        if packed is not None:
+            return multiplying_by(packed)
+        each_packed = ExitStack()
+        for member_model in self.models:
+            each_packed.enter_context(packed_weights(member_model))
+        return each_packed
 
     def translate(
         self, sentences: Sequence[str], batch_size: int = 64, progress: bool = False, **generate_kwargs
@@ -209,6 +229,51 @@ class Translator:
             batch = batch.to(self.model.device)
             with torch.inference_mode():
                 yield indices, self.generate(**batch, **generate_kwargs)
+
+
+def loaded(
+    source: ModelSource, device: str | None, dtype: str | None, int8: bool, trust_remote_code: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """A model and its folder's tokenizer (None for a model given as it is)."""
+    if isinstance(source, PreTrainedModel):
+        return source, None
+    from .loading import load_model_folder
+
+    return load_model_folder(source, device or default_device(), int8, trust_remote_code, dtype or "fp32")
+
+
+def check_ensemble(models: Sequence[PreTrainedModel], tokenizers: Sequence[PreTrainedTokenizerBase | None]) -> None:
+    """Refuse (UsageError) an ensemble whose models are not all this package's, on one device, with one vocabulary
+    (the size and special ids of their configs; their folders' tokenizers' vocabularies)."""
+    if len(models) == 1:
+        return
+    first, names = models[0], [model_name(model) for model in models]
+    for model, tokenizer, name in zip(models, tokenizers, names, strict=True):
+        if not isinstance(model, VaswaniForConditionalGeneration):
+            raise UsageError(
+                "an ensemble decodes by the package's loop, which takes only its own models: "
+                f"{name} is a {type(model).__name__}"
+            )
+        if model.device != first.device:
+            raise UsageError(
+                f"an ensemble's models must be on one device: {names[0]} is on {first.device}, {name} on {model.device}"
+            )
+        differing = [key for key in VOCABULARY_SETTINGS if getattr(model.config, key) != getattr(first.config, key)]
+        if (
+            not differing
+            and None not in (tokenizer, tokenizers[0])
+            and tokenizer.get_vocab() != tokenizers[0].get_vocab()
+        ):
+            differing = ["their tokenizers' vocabularies"]
+        if differing:
+            raise UsageError(
+                f"an ensemble's models must share one vocabulary: {names[0]} and {name} differ in "
+                + ", ".join(differing)
+            )
+
+
+# What an ensemble's models must agree on: their outputs are averaged column by column.
+VOCABULARY_SETTINGS = ("vocab_size", "pad_token_id", "eos_token_id", "decoder_start_token_id")
 
 
 def translate(

@@ -137,7 +137,7 @@ def test_wide_beams_return_the_exhaustive_search_best() -> None:
         offset_eos_logit(model, eos_boost)
         model = kernelize(model)
         source = torch.tensor([[3, 4, 5, EOS]])
-        scores = exhaustive_scores(model, source, max_new, alpha)
+        scores = exhaustive_scores([model], source, max_new, alpha)
         for form in ("gnmt", "power"):
             expected, margin = best(scores, form)
             if margin < 1e-4:
@@ -270,10 +270,10 @@ def test_on_an_accelerator_a_step_reads_one_value_on_the_host(monkeypatch, call:
     take_tensors_as_on_an_accelerator(monkeypatch)
     request = covered_request(model, source, None, {"attention_mask": mask, **call})  # reads the source lengths
     state = SearchState("compiled", compile=True)
-    decode(model, request, state)
+    decode([model], request, [state])
     caches.clear()
     host_reads = count_host_reads(monkeypatch)
-    ours = decode(model, request, state)
+    ours = decode([model], request, [state])
     assert len(caches) > 3 and sum(host_reads.values()) <= len(caches), (dict(host_reads), len(caches))
     assert set(caches) == {StaticCache}
     if isinstance(theirs, torch.Tensor):

@@ -111,7 +111,7 @@ def test_a_closed_engine_frees_its_packed_weights_and_caches_and_refuses_use(mon
     take_tensors_as_on_an_accelerator(monkeypatch)
     translator = Translator(model, compile=True)
     translator.generate(source, attention_mask=mask, max_new_tokens=4)
-    state = translator._state
+    (state,) = translator._states
     caches = [weakref.ref(layer.keys) for cache in state.spare_static_caches.values() for layer in cache.layers]
     steps = [weakref.ref(step) for step in state.steps.values()]
     assert caches and steps

@@ -53,7 +53,7 @@ def test_beam_search_picks_what_the_gnmt_formula_picks_including_where_transform
         model = peaked_model(seed)
         offset_eos_logit(model, eos_boost)  # makes stopping early a real contender
         source = torch.tensor([[3, 4, 5, EOS]])
-        scores = exhaustive_scores(model, source, max_new, alpha)
+        scores = exhaustive_scores([model], source, max_new, alpha)
         gnmt_best, gnmt_margin = best(scores, "gnmt")
         power_best, power_margin = best(scores, "power")
         if min(gnmt_margin, power_margin) < 1e-4:
@@ -79,7 +79,7 @@ def test_the_gnmt_penalty_of_a_call_comes_from_its_argument_its_generation_confi
     model = peaked_model(1)
     offset_eos_logit(model, 2.0)
     source = torch.tensor([[3, 4, 5, EOS]])
-    gnmt_best, _ = best(scores := exhaustive_scores(model, source, 3, 0.6), "gnmt")
+    gnmt_best, _ = best(scores := exhaustive_scores([model], source, 3, 0.6), "gnmt")
     search = dict(num_beams=5**3, max_new_tokens=3, early_stopping="never", do_sample=False)
     returned = dict(output_scores=True, return_dict_in_generate=True, max_new_tokens_over_source=None)
     attributes = set(vars(model))
