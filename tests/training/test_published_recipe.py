@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import fields
 from pathlib import Path
@@ -181,6 +182,91 @@ def test_the_default_recipe_is_the_published_one_on_a_time_budget(published, tmp
         "early_stopping_patience": (10, None),
         "seed": (1, RecipeSettings().seed),
     }
+
+
+def run_ensemble_script(tmp_path: Path, fake_vaswani: str, *options: str) -> subprocess.CompletedProcess:
+    """scripts/multi30k.sh --recipe ensemble on a toy corpus, `vaswani` being the shell script `fake_vaswani`, run with
+    $CALLS, a folder in which to record its calls."""
+    write_raw_corpus(tmp_path / "raw")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "calls").mkdir()
+    (bin_dir / "vaswani").write_text(f"#!/bin/sh\nCALLS={tmp_path / 'calls'}\n{fake_vaswani}")
+    (bin_dir / "vaswani").chmod(0o755)
+    python = bin_dir / "python3"  # as in run_script
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    environment = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    command = ["bash", str(SCRIPT), str(tmp_path / "raw"), str(tmp_path / "out"), "--recipe", "ensemble", *options]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+
+
+# Each call's threads and arguments, NUL-separated, in a file of its own (the members run at once).
+RECORDING = 'printf "%s\\0" "$OMP_NUM_THREADS" "$@" > "$(mktemp "$CALLS/call.XXXXXX")"\n'
+
+
+def test_the_ensemble_recipe_trains_two_seeds_of_the_default_side_by_side_and_decodes_them_as_one(
+    published, tmp_path
+) -> None:
+    fake = RECORDING + 'if [ "$1" = evaluate ]; then echo \'{"bleu": 1.0}\'; fi\n'
+    result = run_ensemble_script(tmp_path, fake, "--seed", "5")
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert json.loads((out / "results.json").read_text()) == {"bleu": 1.0}
+    calls = [path.read_text().split("\0")[:-1] for path in (tmp_path / "calls").iterdir()]
+    trainings = sorted((call for call in calls if call[1] == "train"), key=lambda call: call[call.index("--seed") + 1])
+    (evaluation,) = [call for call in calls if call[1] == "evaluate"]
+    default = settings_from_args(
+        build_parser().parse_args(run_script(tmp_path, tmp_path / "raw", tmp_path / "default"))
+    )
+    for member, call in enumerate(trainings):
+        assert call[0] == str(max(1, os.cpu_count() // 2))  # OMP_NUM_THREADS: half the cores each
+        parsed = build_parser().parse_args(call[1:])
+        assert parsed.output_dir == out / f"member-{member}"
+        settings = settings_from_args(parsed)
+        differences = {
+            field.name: getattr(settings, field.name)
+            for field in fields(RecipeSettings)
+            if getattr(settings, field.name) != getattr(default, field.name)
+        }
+        assert differences == {
+            "max_train_minutes": 85.0,
+            "length_penalty": 1.4,
+            "seed": 5 + member,
+        }
+    test = [str(out / "prepared" / f"test_2016_flickr.{lang}.gz") for lang in ("en", "de")]
+    assert evaluation[1:] == [
+        "evaluate",
+        str(out / "member-0" / "model"),
+        str(out / "member-1" / "model"),
+        "--target-lang",
+        "de",
+        "--source",
+        test[0],
+        "--reference",
+        test[1],
+    ]
+
+
+def test_a_failed_member_stops_the_ensemble_recipe_and_the_other_member(tmp_path) -> None:
+    # seed 1 fails at once; seed 0 would train for a minute: the script stops on the failure, ending it, with one line
+    fake = (
+        RECORDING
+        + 'case "$*" in *"--seed 1"*) exit 3 ;; *--seed*) echo $$ > "$CALLS/../sleeper"; exec sleep 60 ;; esac\n'
+    )
+    started = time.monotonic()
+    result = run_ensemble_script(tmp_path, fake)
+    assert time.monotonic() - started < 50
+    assert result.returncode == 1
+    last = result.stderr.splitlines()[-1]  # after preparation's report of the text it wrote
+    assert last.startswith("scripts/multi30k.sh: error: ") and "member-0.log" in last, result.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+    assert len(list((tmp_path / "calls").iterdir())) == 2  # no evaluation
+    status = Path(f"/proc/{(tmp_path / 'sleeper').read_text().strip()}/status")
+    deadline = time.monotonic() + 10
+    while status.exists() and "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the signal sent, not yet taken
+    assert not status.exists() or "State:\tZ" in status.read_text(), "the other member was left running"
 
 
 # --- Schedule and update ---------------------------------------------------------------------------------------------
