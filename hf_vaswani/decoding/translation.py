@@ -13,7 +13,7 @@ what they would get alone.
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,17 +145,19 @@ class Translator:
         with self._decoding():
             return search(self.models, self._states, inputs, generation_config, shortlist or self.shortlist, kwargs)
 
-    def _decoding(self) -> AbstractContextManager[None]:
-        """The packed weights in use in this thread for the block: the engine's, or packed for it."""
+    @contextmanager
+    def _decoding(self) -> Iterator[None]:
+        """The packed weights in use in this thread for the block: the engine's, or each model's packed for it."""
         packed = self._packed
         if self._closed:
             raise UsageError("this Translator is closed: make a new one to decode")
-        if packed is not None:
-            return multiplying_by(packed)
-        each_packed = ExitStack()
-        for member_model in self.models:
-            each_packed.enter_context(packed_weights(member_model))
-        return each_packed
+        with ExitStack() as in_use:
+            if packed is not None:
+                in_use.enter_context(multiplying_by(packed))
+            else:
+                for member_model in self.models:
+                    in_use.enter_context(packed_weights(member_model))
+            yield
 
     def translate(
         self, sentences: Sequence[str], batch_size: int = 64, progress: bool = False, **generate_kwargs
