@@ -36,7 +36,7 @@ def test_a_calls_steps_replay_one_compiled_graph_and_decode_the_eager_tokens(mon
     model = sharpened(kernelize(random_model(0, TINY_MODEL)))
     model.generation_config = paper_generation_config(model.config)
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=3, eos_token_id=EOS)
-    eager = decode(model, covered_request(model, source, None, {"attention_mask": mask, **call}), eager_state())
+    eager = decode([model], covered_request(model, source, None, {"attention_mask": mask, **call}), [eager_state()])
     graphs = []
 
     def counted(graph: torch.fx.GraphModule, inputs: list) -> Callable:
@@ -46,11 +46,11 @@ def test_a_calls_steps_replay_one_compiled_graph_and_decode_the_eager_tokens(mon
     take_tensors_as_on_an_accelerator(monkeypatch, step_backend=counted)
     state = SearchState("compiled", compile=True)
     request = covered_request(model, source, None, {"attention_mask": mask, **call})
-    captured = decode(model, request, state)
+    captured = decode([model], request, [state])
     eager_tokens = eager if isinstance(eager, torch.Tensor) else eager.sequences
     assert torch.equal(captured if isinstance(captured, torch.Tensor) else captured.sequences, eager_tokens)
     assert eager_tokens.shape[1] > 3 and len(graphs) == 1  # several compiled steps, one graph
-    decode(model, request, state)
+    decode([model], request, [state])
     assert len(graphs) == 1  # a call of the same shapes compiles nothing
 
 
@@ -62,7 +62,7 @@ def test_the_next_call_of_a_shape_reuses_its_static_cache_but_never_one_returned
     model.generation_config = paper_generation_config(model.config)
     source, mask = padded_batch(model.config.vocab_size, [7, 4, 2], seed=3, eos_token_id=EOS)
     call = {"attention_mask": mask, **CALLS["beam 4"]}
-    eager = decode(model, covered_request(model, source, None, call), eager_state())
+    eager = decode([model], covered_request(model, source, None, call), [eager_state()])
     take_tensors_as_on_an_accelerator(monkeypatch)
     made = []
 
@@ -73,9 +73,9 @@ def test_the_next_call_of_a_shape_reuses_its_static_cache_but_never_one_returned
 
     monkeypatch.setattr(search, "StaticCache", CountedStaticCache)
     state = SearchState("compiled", compile=True)
-    returned = decode(model, covered_request(model, source, None, {**call, "return_dict_in_generate": True}), state)
+    returned = decode([model], covered_request(model, source, None, {**call, "return_dict_in_generate": True}), [state])
     kept_keys = [layer.keys.clone() for layer in returned.cache.self_attention_cache.layers]
-    outputs = [decode(model, covered_request(model, source, None, call), state) for _ in range(3)]
+    outputs = [decode([model], covered_request(model, source, None, call), [state]) for _ in range(3)]
     assert len(made) == 2  # the returned one, then one for the three calls
     assert all(torch.equal(output, eager) for output in outputs) and torch.equal(returned.sequences, eager)
     for layer, keys in zip(returned.cache.self_attention_cache.layers, kept_keys, strict=True):
