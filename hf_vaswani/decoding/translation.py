@@ -13,7 +13,7 @@ what they would get alone.
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +86,8 @@ class Translator:
         sources = [model] if isinstance(model, (str, os.PathLike, PreTrainedModel)) else list(model)
         if not sources:
             raise UsageError("an ensemble needs at least one model")
-        if any(isinstance(source, PreTrainedModel) for source in sources) and (device or dtype or int8):
+        given_models = any(isinstance(source, PreTrainedModel) for source in sources)
+        if given_models and (device is not None or dtype is not None or int8):
             raise UsageError("device, dtype and int8 apply to a model folder: move, cast or quantize a model first")
         members = [loaded(source, device, dtype, int8, trust_remote_code) for source in sources]
         models = [member_model for member_model, _ in members]
@@ -104,15 +105,7 @@ class Translator:
             SearchState(model_name(member_model), compile) if frozen else model_search_state(member_model)
             for member_model in self.models
         ]
-        self._packed = (
-            {
-                linear: weight
-                for member_model in self.models
-                for linear, weight in pack_decoder_weights(member_model).items()
-            }
-            if frozen
-            else None
-        )
+        self._packed = pack_decoder_weights(*self.models) if frozen else None
         self._tokenizing = threading.Lock()  # a fast tokenizer's settings are the Rust object's: one call at a time
         self._closed = False
 
@@ -145,19 +138,12 @@ class Translator:
         with self._decoding():
             return search(self.models, self._states, inputs, generation_config, shortlist or self.shortlist, kwargs)
 
-    @contextmanager
-    def _decoding(self) -> Iterator[None]:
-        """The packed weights in use in this thread for the block: the engine's, or each model's packed for it."""
+    def _decoding(self) -> AbstractContextManager[None]:
+        """The packed weights in use in this thread for the block: the engine's, or packed for it."""
         packed = self._packed
         if self._closed:
             raise UsageError("this Translator is closed: make a new one to decode")
-        with ExitStack() as in_use:
-            if packed is not None:
-                in_use.enter_context(multiplying_by(packed))
-            else:
-                for member_model in self.models:
-                    in_use.enter_context(packed_weights(member_model))
-            yield
+        return packed_weights(*self.models) if packed is None else multiplying_by(packed)
 
     def translate(
         self, sentences: Sequence[str], batch_size: int = 64, progress: bool = False, **generate_kwargs

@@ -220,10 +220,10 @@ PackedWeights = Mapping[nn.Module, PackedWeight]
 PACKED_WEIGHTS: ContextVar[PackedWeights] = ContextVar("packed_weights", default=MappingProxyType({}))
 
 
-def pack_decoder_weights(model: PreTrainedModel) -> dict[nn.Module, PackedWeight]:
-    """Packed copies of the weights of `model`'s decoder and output projection, multiplied at every decoding step
-    (`packed`); none for a model without FastestKernelLinear layers."""
-    return packed(decoder_linears(model))
+def pack_decoder_weights(*models: PreTrainedModel) -> dict[nn.Module, PackedWeight]:
+    """Packed copies of the weights of the `models`' decoders and output projections (several: an ensemble's),
+    multiplied at every decoding step (`packed`); none for a model without FastestKernelLinear layers."""
+    return packed(decoder_linears(*models))
 
 
 def packed(linears: Iterable[nn.Module]) -> dict[nn.Module, PackedWeight]:
@@ -257,13 +257,13 @@ def multiplying_by(packed: PackedWeights) -> Iterator[None]:
 
 
 @contextmanager
-def packed_weights(model: PreTrainedModel) -> Iterator[None]:
-    """`model`'s decoding weights packed for the block (`pack_decoder_weights`, `multiplying_by`). The package's search
-    packs them for its own call; a loop of its calls over batches holds them packed across the loop with this, saving
-    the packing per call. The weights must not change inside the block (an in-place update such as fused AdamW's does
-    not even bump a tensor's version counter, so a copy kept longer could silently go stale). Weights an enclosing
-    block packed are not packed again."""
-    linears = decoder_linears(model)
+def packed_weights(*models: PreTrainedModel) -> Iterator[None]:
+    """The `models`' decoding weights packed for the block (`pack_decoder_weights`, `multiplying_by`). The package's
+    search packs them for its own call; a loop of its calls over batches holds them packed across the loop with this,
+    saving the packing per call. The weights must not change inside the block (an in-place update such as fused
+    AdamW's does not even bump a tensor's version counter, so a copy kept longer could silently go stale). Weights an
+    enclosing block packed are not packed again."""
+    linears = decoder_linears(*models)
     in_use = PACKED_WEIGHTS.get()
     if all(linear in in_use for linear in linears):  # packed by an enclosing block
         yield
@@ -272,10 +272,11 @@ def packed_weights(model: PreTrainedModel) -> Iterator[None]:
         yield
 
 
-def decoder_linears(model: PreTrainedModel) -> list[nn.Module]:
-    """The FastestKernelLinear layers of `model`'s decoder and output projection."""
+def decoder_linears(*models: PreTrainedModel) -> list[nn.Module]:
+    """The FastestKernelLinear layers of the `models`' decoders and output projections."""
     return [
         linear
+        for model in models
         for layer in (model.get_decoder(), model.get_output_embeddings())
         for linear in layer.modules()
         if isinstance(linear, FastestKernelLinear)
