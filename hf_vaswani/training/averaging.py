@@ -71,6 +71,10 @@ _TOKENIZER_FILES = (
     "*.spm",
 )
 
+# tokenizer.json entries that hold the encoding settings of the tokenizer's last call, not its vocabulary: a batch
+# tokenized with padding (validation BLEU) leaves its padding there, in every checkpoint saved after it.
+_TOKENIZER_CALL_KEYS = ("padding", "truncation")
+
 # config.json entries that describe how a checkpoint was saved, not the model.
 _IRRELEVANT_CONFIG_KEYS = ("transformers_version", "_name_or_path")
 
@@ -123,13 +127,25 @@ def _opened(path: Path) -> Iterator:
         yield handle
 
 
+def _tokenizer_definition(path: Path) -> bytes | dict:
+    """A tokenizer file's content, for tokenizer.json without the settings of its last call."""
+    if path.name == "tokenizer.json":
+        try:
+            definition = json.loads(path.read_text())
+        except ValueError:  # not JSON: compared as it is
+            return path.read_bytes()
+        if isinstance(definition, dict):
+            return {key: value for key, value in definition.items() if key not in _TOKENIZER_CALL_KEYS}
+    return path.read_bytes()
+
+
 def _check_same_model_files(first: Path, checkpoint: Path) -> None:
     """Refuses checkpoints whose tokenizers or configs differ: their weights belong to different models."""
     for source in sorted(first.iterdir()):
         other = checkpoint / source.name
         if not any(fnmatch.fnmatch(source.name, pattern) for pattern in _TOKENIZER_FILES) or not other.is_file():
             continue
-        if source.read_bytes() != other.read_bytes():
+        if _tokenizer_definition(source) != _tokenizer_definition(other):
             raise UsageError(f"checkpoints {first} and {checkpoint} have different tokenizers: {source.name} differs")
     if (first / "config.json").is_file() and (checkpoint / "config.json").is_file():
         configs = [json.loads((path / "config.json").read_text()) for path in (first, checkpoint)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tiny import random_model
+from tiny import random_model, toy_tokenizer
 from transformers import AutoModelForSeq2SeqLM, TrainerControl, TrainerState
 
 import hf_vaswani  # noqa: F401  (registers the Auto classes)
@@ -190,6 +190,26 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path: Path) -> No
         (tmp_path / name / "tokenizer.json").write_text(vocabulary)
     with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different tokenizers: tokenizer.json differs"):
         average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "averaged")
+
+
+def test_checkpoints_whose_tokenizers_differ_only_in_the_last_calls_padding_are_averaged(tmp_path: Path) -> None:
+    # A run's validation BLEU tokenizes padded batches; the backend keeps that padding and saves it in tokenizer.json,
+    # so checkpoints saved before and after the first validation differ there and nowhere else.
+    tokenizer = toy_tokenizer()
+    for seed, name in enumerate(["a", "b"]):
+        random_model(seed).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        tokenizer.backend_tokenizer.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+        tokenizer.backend_tokenizer.enable_truncation(max_length=64)
+    saved = [json.loads((tmp_path / name / "tokenizer.json").read_text()) for name in ("a", "b")]
+    assert (saved[0]["padding"], saved[0]["truncation"]) == (None, None)
+    assert saved[1]["padding"]["pad_id"] == tokenizer.pad_token_id and saved[1]["truncation"]["max_length"] == 64
+    average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "averaged")
+    assert (tmp_path / "averaged" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+    tokenizer.backend_tokenizer.add_tokens(["zebra"])  # a vocabulary of its own: still refused
+    tokenizer.save_pretrained(tmp_path / "b")
+    with pytest.raises(ValueError, match=r"checkpoints .*a and .*b have different tokenizers: tokenizer.json differs"):
+        average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "again")
 
 
 def test_checkpoints_with_different_configs_are_refused(tmp_path: Path) -> None:
