@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from subword_nmt.learn_bpe import learn_bpe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import BatchEncoding, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.errors_vaswani import UsageError
 
@@ -250,6 +250,27 @@ def load_trained_bpe(folder: str | Path) -> PreTrainedTokenizerFast:
     `AutoTokenizer.from_pretrained` would add how it was loaded (`is_local`, `local_files_only`) to what it saves.
     """
     return _wrapped(read_tokenizer_file(Path(folder) / "tokenizer.json"))
+
+
+def encode_padded(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str] | None = None, **kwargs: object
+) -> BatchEncoding:
+    """`tokenizer(texts, padding=True, return_tensors="pt", **kwargs)`, the tokenizer left as it was found.
+
+    A fast tokenizer's call sets its padding on the Rust backend and transformers leaves it there, so the next
+    `save_pretrained` (a checkpoint saved after a validation) would write it into tokenizer.json as the tokenizer's
+    own setting.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    padding = backend.padding if backend is not None else None
+    try:
+        return tokenizer(texts, padding=True, return_tensors="pt", **kwargs)
+    finally:
+        if backend is not None:
+            if padding is None:
+                backend.no_padding()
+            else:
+                backend.enable_padding(**padding)
 
 
 def read_tokenizer_file(path: Path) -> Tokenizer:

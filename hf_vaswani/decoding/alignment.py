@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.tokenization import encode_padded
 from ..model.errors_vaswani import UsageError
 from .scoring import encode_pairs
 from .translation import Hypothesis, check_batch, length_sorted_batches
@@ -71,8 +72,8 @@ def align_pairs(
     model.eval()
     for indices in batches:
         source_texts, target_texts = [sources[i] for i in indices], [targets[i] for i in indices]
-        source = tokenizer(source_texts, return_offsets_mapping=True, padding=True, return_tensors="pt")
-        target = tokenizer(text_target=target_texts, return_offsets_mapping=True, padding=True, return_tensors="pt")
+        source = encode_padded(tokenizer, source_texts, return_offsets_mapping=True)
+        target = encode_padded(tokenizer, text_target=target_texts, return_offsets_mapping=True)
         with torch.inference_mode(), eager_attention(model):
             attentions = model(
                 input_ids=source["input_ids"].to(model.device),

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.tokenization import encode_padded
 from ..gpu_policy import default_device
 from ..kernels.cpu import multiplying_by, pack_decoder_weights, packed_weights
 from ..model.errors_vaswani import UsageError
@@ -213,7 +214,7 @@ class Translator:
         )
         for indices in tqdm(batches, desc="Translating", disable=not progress, unit="batch"):
             with self._tokenizing:
-                batch = self.tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True)
+                batch = encode_padded(self.tokenizer, [sentences[i] for i in indices])
             batch = batch.to(self.model.device)
             with torch.inference_mode():
                 yield indices, self.generate(**batch, **generate_kwargs)

@@ -69,6 +69,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..data.tokenization import encode_padded
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniSinusoidalPositionalEncoding
@@ -371,7 +372,7 @@ def _check_logits(
     source: PreTrainedModel, converted: VaswaniForConditionalGeneration, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """A last guard against a silently wrong conversion: teacher-forced logits on a tokenized sentence agree."""
-    encoded = tokenizer(list(_TOKENIZER_CHECK_TEXTS), return_tensors="pt", padding=True)
+    encoded = encode_padded(tokenizer, list(_TOKENIZER_CHECK_TEXTS))
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     config = converted.config
     # Any target tokens do; pad is avoided after the start because FSMT treats pad tokens specially.

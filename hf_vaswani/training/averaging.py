@@ -71,8 +71,8 @@ _TOKENIZER_FILES = (
     "*.spm",
 )
 
-# tokenizer.json entries that hold the encoding settings of the tokenizer's last call, not its vocabulary: a batch
-# tokenized with padding (validation BLEU) leaves its padding there, in every checkpoint saved after it.
+# tokenizer.json entries that hold the encoding settings of the tokenizer's last call, not its vocabulary: a call with
+# padding outside `encode_padded` (a caller's own validation) leaves it there, in every checkpoint saved after it.
 _TOKENIZER_CALL_KEYS = ("padding", "truncation")
 
 # config.json entries that describe how a checkpoint was saved, not the model.

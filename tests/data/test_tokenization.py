@@ -11,7 +11,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_vaswani import VaswaniConfig
-from hf_vaswani.data.tokenization import MIN_VOCAB_SIZE, train_shared_bpe, train_shared_bpe_from_dataset
+from hf_vaswani.data.tokenization import MIN_VOCAB_SIZE, encode_padded, train_shared_bpe, train_shared_bpe_from_dataset
 
 SOURCES = [
     "The cat sits on the mat.",
@@ -112,6 +112,29 @@ def test_padding_uses_pad_id_zero(tokenizer: PreTrainedTokenizerFast) -> None:
     assert batch.attention_mask[0].tolist() == [1] * short_length + [0] * (batch.input_ids.shape[1] - short_length)
     assert torch.all(batch.attention_mask[1] == 1)
     assert set(batch) == {"input_ids", "attention_mask"}
+
+
+@pytest.mark.parametrize("own_padding", [None, {"length": 32, "pad_id": 0, "pad_token": "<pad>"}])
+def test_a_padded_encoding_leaves_the_tokenizer_as_it_was(
+    tokenizer: PreTrainedTokenizerFast, own_padding: dict | None, tmp_path: Path
+) -> None:
+    """transformers sets a call's padding on the backend and leaves it there, where save_pretrained writes it."""
+    backend = tokenizer.backend_tokenizer
+    if own_padding is not None:
+        backend.enable_padding(**own_padding)
+    try:
+        tokenizer.save_pretrained(tmp_path / "before")
+        before = backend.padding
+        batch = encode_padded(tokenizer, ["a", "longer sentence"])
+        tokenizer.save_pretrained(tmp_path / "after")
+        assert backend.padding == before
+        saved = [(tmp_path / folder / "tokenizer.json").read_text() for folder in ("before", "after")]
+        assert saved[0] == saved[1]
+        expected = tokenizer(["a", "longer sentence"], padding=True, return_tensors="pt")
+        assert torch.equal(batch.input_ids, expected.input_ids)
+        assert torch.equal(batch.attention_mask, expected.attention_mask)
+    finally:
+        backend.no_padding()
 
 
 def test_save_and_autotokenizer_load_round_trip(tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:

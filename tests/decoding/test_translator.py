@@ -97,6 +97,18 @@ def test_threads_translating_through_one_engine_get_the_sequential_translations(
     assert together == [alone] * 4
 
 
+def test_translating_leaves_the_tokenizer_as_it_saves(trained_folder, tmp_path) -> None:
+    """A padded batch's padding stays off the tokenizer, so a checkpoint saved after validation BLEU holds the
+    tokenizer.json of one saved before it."""
+    with Translator(trained_folder) as translator:
+        translator.tokenizer.backend_tokenizer.no_padding()  # the folder's holds the padding of its training batches
+        translator.tokenizer.save_pretrained(tmp_path / "before")
+        translator.translate(PROBE_SENTENCES, batch_size=4)
+        translator.tokenizer.save_pretrained(tmp_path / "after")
+    before, after = ((tmp_path / folder / "tokenizer.json").read_text() for folder in ("before", "after"))
+    assert after == before
+
+
 def test_a_closed_engine_frees_its_packed_weights_and_caches_and_refuses_use(monkeypatch) -> None:
     """On the (emulated) accelerator path the engine holds a compiled step and a spare static cache, on the CPU path
     packed weights: after close() nothing references them, and the next call is refused in one line."""
