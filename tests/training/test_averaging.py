@@ -193,8 +193,8 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path: Path) -> No
 
 
 def test_checkpoints_whose_tokenizers_differ_only_in_the_last_calls_padding_are_averaged(tmp_path: Path) -> None:
-    # A run's validation BLEU tokenizes padded batches; the backend keeps that padding and saves it in tokenizer.json,
-    # so checkpoints saved before and after the first validation differ there and nowhere else.
+    # A padded call outside encode_padded (a caller's own validation) leaves its padding on the backend, which saves it
+    # in tokenizer.json: checkpoints saved before and after that call differ there and nowhere else.
     tokenizer = toy_tokenizer()
     for seed, name in enumerate(["a", "b"]):
         random_model(seed).save_pretrained(tmp_path / name)
