@@ -257,12 +257,13 @@ def encode_padded(
 ) -> BatchEncoding:
     """`tokenizer(texts, padding=True, return_tensors="pt", **kwargs)`, the tokenizer left as it was found.
 
-    A fast tokenizer's call sets its padding on the Rust backend and transformers leaves it there, so the next
-    `save_pretrained` (a checkpoint saved after a validation) would write it into tokenizer.json as the tokenizer's
-    own setting.
+    A fast tokenizer's call sets its padding on the Rust backend and clears a truncation set there, and transformers
+    leaves both so, where the next `save_pretrained` (a checkpoint saved after a validation) writes them into
+    tokenizer.json as the tokenizer's own settings.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     padding = backend.padding if backend is not None else None
+    truncation = backend.truncation if backend is not None else None
     try:
         return tokenizer(texts, padding=True, return_tensors="pt", **kwargs)
     finally:
@@ -271,6 +272,10 @@ def encode_padded(
                 backend.no_padding()
             else:
                 backend.enable_padding(**padding)
+            if truncation is None:
+                backend.no_truncation()
+            else:
+                backend.enable_truncation(**truncation)
 
 
 def read_tokenizer_file(path: Path) -> Tokenizer:

@@ -114,20 +114,30 @@ def test_padding_uses_pad_id_zero(tokenizer: PreTrainedTokenizerFast) -> None:
     assert set(batch) == {"input_ids", "attention_mask"}
 
 
-@pytest.mark.parametrize("own_padding", [None, {"length": 32, "pad_id": 0, "pad_token": "<pad>"}])
+@pytest.mark.parametrize(
+    ("own_padding", "own_truncation"),
+    [
+        (None, None),
+        ({"length": 32, "pad_id": 0, "pad_token": "<pad>"}, None),
+        (None, {"max_length": 64, "stride": 0, "strategy": "only_first", "direction": "left"}),
+    ],
+    ids=["none", "own_padding", "own_truncation"],
+)
 def test_a_padded_encoding_leaves_the_tokenizer_as_it_was(
-    tokenizer: PreTrainedTokenizerFast, own_padding: dict | None, tmp_path: Path
+    tokenizer: PreTrainedTokenizerFast, own_padding: dict | None, own_truncation: dict | None, tmp_path: Path
 ) -> None:
-    """transformers sets a call's padding on the backend and leaves it there, where save_pretrained writes it."""
+    """transformers sets a call's padding on the backend and clears its truncation, and save_pretrained writes both."""
     backend = tokenizer.backend_tokenizer
     if own_padding is not None:
         backend.enable_padding(**own_padding)
+    if own_truncation is not None:
+        backend.enable_truncation(**own_truncation)
     try:
         tokenizer.save_pretrained(tmp_path / "before")
-        before = backend.padding
+        before = (backend.padding, backend.truncation)
         batch = encode_padded(tokenizer, ["a", "longer sentence"])
         tokenizer.save_pretrained(tmp_path / "after")
-        assert backend.padding == before
+        assert (backend.padding, backend.truncation) == before
         saved = [(tmp_path / folder / "tokenizer.json").read_text() for folder in ("before", "after")]
         assert saved[0] == saved[1]
         expected = tokenizer(["a", "longer sentence"], padding=True, return_tensors="pt")
@@ -135,6 +145,7 @@ def test_a_padded_encoding_leaves_the_tokenizer_as_it_was(
         assert torch.equal(batch.attention_mask, expected.attention_mask)
     finally:
         backend.no_padding()
+        backend.no_truncation()
 
 
 def test_save_and_autotokenizer_load_round_trip(tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
