@@ -262,20 +262,20 @@ def encode_padded(
     tokenizer.json as the tokenizer's own settings.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    padding = backend.padding if backend is not None else None
-    truncation = backend.truncation if backend is not None else None
+    if backend is None:  # a slow tokenizer keeps no call's settings
+        return tokenizer(texts, padding=True, return_tensors="pt", **kwargs)
+    padding, truncation = backend.padding, backend.truncation
     try:
         return tokenizer(texts, padding=True, return_tensors="pt", **kwargs)
     finally:
-        if backend is not None:
-            if padding is None:
-                backend.no_padding()
-            else:
-                backend.enable_padding(**padding)
-            if truncation is None:
-                backend.no_truncation()
-            else:
-                backend.enable_truncation(**truncation)
+        if padding is None:
+            backend.no_padding()
+        else:
+            backend.enable_padding(**padding)
+        if truncation is None:
+            backend.no_truncation()
+        else:
+            backend.enable_truncation(**truncation)
 
 
 def read_tokenizer_file(path: Path) -> Tokenizer:
