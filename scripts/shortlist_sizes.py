@@ -16,6 +16,7 @@ import json
 import statistics
 
 from hf_vaswani.data.corpus import load_parallel_files
+from hf_vaswani.data.tokenization import encode_padded
 from hf_vaswani.decoding.loading import load_model_folder
 from hf_vaswani.decoding.metrics import whitespace_bleu
 from hf_vaswani.decoding.shortlist import shortlist_of_corpus
@@ -46,7 +47,7 @@ def main() -> None:
         )
         listed = []
         for start in range(0, len(sources), 8):
-            batch = tokenizer(sources[start : start + 8], return_tensors="pt", padding=True)
+            batch = encode_padded(tokenizer, sources[start : start + 8])
             listed.append(len(shortlist.columns(batch["input_ids"], batch["attention_mask"])))
         shortlisted = translate(model, tokenizer, sources, progress=False, shortlist=shortlist)
         report = {
