@@ -249,10 +249,13 @@ def test_the_ensemble_recipe_trains_two_seeds_of_the_default_side_by_side_and_de
 
 
 def test_a_failed_member_stops_the_ensemble_recipe_and_the_other_member(tmp_path) -> None:
-    # seed 1 fails at once; seed 0 would train for a minute: the script stops on the failure, ending it, with one line
-    fake = (
-        RECORDING
-        + 'case "$*" in *"--seed 1"*) exit 3 ;; *--seed*) echo $$ > "$CALLS/../sleeper"; exec sleep 60 ;; esac\n'
+    # seed 1 fails once seed 0 is training (it would for a minute): the script stops on the failure, ending seed 0, with
+    # one line. seed 1 waits (10 s at most) for seed 0's pid, written whole, or the script could stop seed 0 unstarted.
+    fake = RECORDING + (
+        'case "$*" in *"--seed 1"*) i=0; while [ ! -e "$CALLS/../sleeper" ] && [ $i -lt 200 ]; do sleep 0.05; '
+        "i=$((i + 1)); done; exit 3 ;; "
+        '*--seed*) echo $$ > "$CALLS/../sleeper.partial"; mv "$CALLS/../sleeper.partial" "$CALLS/../sleeper"; '
+        "exec sleep 60 ;; esac\n"
     )
     started = time.monotonic()
     result = run_ensemble_script(tmp_path, fake)
