@@ -90,7 +90,8 @@ def run(arguments: list[str], **env_overrides: str) -> None:
     env = script_environment(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_overrides)
     output = Path(arguments[arguments.index(str(SCRIPT)) + 2])
     checkpoints_before = set(output.glob("checkpoint-*"))
-    for _ in range(SETUP_ATTEMPTS):
+    for attempt in range(SETUP_ATTEMPTS):
+        time.sleep(5 * attempt)  # a retry waits out a while of what the other test worker runs
         result = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=600, env=env)
         if not (
             result.returncode != 0
