@@ -86,7 +86,7 @@ SETUP_ATTEMPTS = 5
 
 def run(arguments: list[str], **env_overrides: str) -> None:
     """The run of `arguments`; one that died of SETUP_ABORT before saving a checkpoint runs again, on a new port, up to
-    SETUP_ATTEMPTS runs in all (three in a row have died so beside the other test worker on a slow machine)."""
+    SETUP_ATTEMPTS runs in all (five in a row, made within seconds, have died so beside the other test worker)."""
     env = script_environment(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_overrides)
     output = Path(arguments[arguments.index(str(SCRIPT)) + 2])
     checkpoints_before = set(output.glob("checkpoint-*"))
