@@ -347,7 +347,10 @@ def copy_shared_cross_attention_cache(cache: EncoderDecoderCache) -> None:
 
 
 def paper_generation_config(config, **overrides) -> GenerationConfig:
-    """§6.1: beam 4, GNMT alpha 0.6, max output = input length + 50, early termination; special ids from `config`."""
+    """§6.1: beam 4, GNMT alpha 0.6, max output = input length + 50, early termination; special ids from `config`.
+
+    With `num_beams=1` (greedy) the paper's penalty and early termination are left out: they act on beams only, and
+    transformers refuses to save a greedy config that sets them."""
     settings = dict(
         decoder_start_token_id=config.decoder_start_token_id,
         bos_token_id=config.bos_token_id,
@@ -359,4 +362,6 @@ def paper_generation_config(config, **overrides) -> GenerationConfig:
         max_new_tokens_over_source=50,
         early_stopping=True,
     )
+    if overrides.get("num_beams") == 1:
+        del settings["length_penalty"], settings["early_stopping"]
     return GenerationConfig(**{**settings, **overrides})

@@ -269,6 +269,12 @@ class RecipeSettings:
         check_generation_settings(
             {"num_beams": self.eval_bleu_num_beams}, {"num_beams": setting_flag("eval_bleu_num_beams")}
         )
+        for name in ("length_penalty", "length_penalty_type"):
+            if self.num_beams == 1 and getattr(self, name) is not None:
+                raise UsageError(
+                    f"{setting_flag(name)} has no effect with {setting_flag('num_beams')} 1 (greedy decoding): leave "
+                    "one of them out"
+                )
         for name, choices in (
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
             ("bpe", BPE_KINDS),

@@ -26,6 +26,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    GenerationConfig,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     get_scheduler,
@@ -480,6 +481,8 @@ def test_label_smoothing_is_a_training_setting_the_papers_by_default() -> None:
         (dict(save_every_epoch=True, save_steps=50), "--save-steps has no effect with --save-every-epoch"),
         (dict(eval_bleu_sample=100), "--eval-bleu-sample has no effect without --eval-bleu-steps"),
         (dict(eval_bleu_num_beams=4), "--eval-bleu-num-beams has no effect without --eval-bleu-steps"),
+        (dict(num_beams=1, length_penalty=1.4), "--length-penalty has no effect with --num-beams 1 .greedy"),
+        (dict(num_beams=1, length_penalty_type="power"), "--length-penalty-type has no effect with --num-beams 1"),
     ],
 )
 def test_settings_of_which_one_would_be_ignored_are_refused(changes: dict, message: str) -> None:
@@ -511,6 +514,16 @@ def test_build_model_puts_only_the_given_decoding_on_the_papers(tokenizer) -> No
     assert model.generation_config.to_dict() == paper_generation_config(model.config, num_beams=2).to_dict()
     default = build_model(toy_settings(num_beams=None), tokenizer)
     assert default.generation_config.to_dict() == paper_generation_config(default.config).to_dict()
+
+
+def test_a_greedy_models_generation_config_passes_transformers_checks_and_saves(tokenizer, tmp_path) -> None:
+    # transformers refuses to save a config with num_beams 1 beside beam-only settings (the paper's alpha and early
+    # termination): a run with --num-beams 1 would fail at its first checkpoint
+    model = build_model(toy_settings(num_beams=1), tokenizer)
+    model.generation_config.validate(strict=True)
+    model.generation_config.save_pretrained(tmp_path)
+    saved = GenerationConfig.from_pretrained(tmp_path)
+    assert (saved.num_beams, saved.max_new_tokens_over_source, saved.eos_token_id) == (1, 50, tokenizer.eos_token_id)
 
 
 def test_bf16_on_a_cpu_whose_bf16_matmul_traps_is_a_clear_error(tmp_path, monkeypatch) -> None:
