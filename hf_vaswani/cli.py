@@ -200,11 +200,13 @@ def command_average(args: argparse.Namespace) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line, checked (ValueError) before any model is loaded."""
-    from .model.generation_vaswani import check_generation_settings
+    from .model.generation_vaswani import check_generation_settings, check_given_beam_settings
 
     names = ("num_beams", "length_penalty", "max_new_tokens")
     options = {name: value for name in names if (value := getattr(args, name)) is not None}
-    check_generation_settings(options, {name: option_flag(name) for name in names})
+    flags = {name: option_flag(name) for name in names}
+    check_generation_settings(options, flags)
+    check_given_beam_settings(options, flags)
     return options
 
 

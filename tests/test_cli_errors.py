@@ -319,6 +319,8 @@ def test_bad_generation_values_are_refused_up_front(tiny_folder, capfd, monkeypa
 
 def test_an_option_that_would_be_ignored_is_refused(tiny_folder, tmp_path, capfd) -> None:
     refused(capfd, ["translate", str(tiny_folder), "--alignment-layer", "0"], "--alignment-layer", "--alignments")
+    greedy = ["translate", str(tiny_folder), "--num-beams", "1", "--length-penalty", "0.6"]
+    refused(capfd, greedy, "--length-penalty has no effect with --num-beams 1 (greedy decoding)")
     corpus = ["--train", "a.en", "a.de", "--test", "b.en", "b.de"]
     train = ["train", "--output-dir", str(tmp_path / "run")]
     refused(capfd, [*train, *corpus], "--train, --test: --data synthetic reads no such option (--data files does)")

@@ -202,6 +202,22 @@ def check_generation_settings(settings: dict, names: dict[str, str] | None = Non
         raise UsageError(f"{name} must be {forms}, got {settings['length_penalty_type']!r}")
 
 
+BEAM_ONLY_SETTINGS = ("length_penalty", "length_penalty_type")
+
+
+def check_given_beam_settings(given: dict, names: dict[str, str]) -> None:
+    """Refuses (UsageError naming both, as `names` calls them) a beam-only setting that a user gave beside num_beams 1,
+    greedy decoding, which ignores it. Only for settings given explicitly: a generation config keeps the paper's
+    penalty when a call asks for greedy decoding."""
+    if given.get("num_beams") != 1:
+        return
+    for name in BEAM_ONLY_SETTINGS:
+        if given.get(name) is not None:
+            raise UsageError(
+                f"{names[name]} has no effect with {names['num_beams']} 1 (greedy decoding): leave one of them out"
+            )
+
+
 def length_penalty_type(config: GenerationConfig) -> str:
     """The form of length penalty `config` asks for: its `length_penalty_type`, GNMT's (§6.1) where it sets none."""
     value = getattr(config, "length_penalty_type", None)

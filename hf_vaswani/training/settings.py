@@ -13,7 +13,7 @@ from huggingface_hub.errors import StrictDataclassError
 from ..data.tokenization import BPE_KINDS, VOCAB_SIZE
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.errors_vaswani import UsageError
-from ..model.generation_vaswani import LENGTH_PENALTY_TYPES, check_generation_settings
+from ..model.generation_vaswani import LENGTH_PENALTY_TYPES, check_generation_settings, check_given_beam_settings
 from .schedule import paper_learning_rate
 
 PRESETS = {"base": VaswaniConfig.base, "big": VaswaniConfig.big}
@@ -269,12 +269,9 @@ class RecipeSettings:
         check_generation_settings(
             {"num_beams": self.eval_bleu_num_beams}, {"num_beams": setting_flag("eval_bleu_num_beams")}
         )
-        for name in ("length_penalty", "length_penalty_type"):
-            if self.num_beams == 1 and getattr(self, name) is not None:
-                raise UsageError(
-                    f"{setting_flag(name)} has no effect with {setting_flag('num_beams')} 1 (greedy decoding): leave "
-                    "one of them out"
-                )
+        check_given_beam_settings(
+            {name: getattr(self, name) for name in decoding}, {name: setting_flag(name) for name in decoding}
+        )
         for name, choices in (
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
             ("bpe", BPE_KINDS),
