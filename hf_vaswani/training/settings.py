@@ -263,14 +263,12 @@ class RecipeSettings:
         if not 0 <= self.seed < SEED_LIMIT:
             raise UsageError(f"{setting_flag('seed')} must be in [0, 2**32) (numpy's generator), got {self.seed}")
         decoding = ("num_beams", "length_penalty", "length_penalty_type")
-        check_generation_settings(
-            {name: getattr(self, name) for name in decoding}, {name: setting_flag(name) for name in decoding}
-        )
+        given = {name: getattr(self, name) for name in decoding}
+        flags = {name: setting_flag(name) for name in decoding}
+        check_generation_settings(given, flags)
+        check_given_beam_settings(given, flags)
         check_generation_settings(
             {"num_beams": self.eval_bleu_num_beams}, {"num_beams": setting_flag("eval_bleu_num_beams")}
-        )
-        check_given_beam_settings(
-            {name: getattr(self, name) for name in decoding}, {name: setting_flag(name) for name in decoding}
         )
         for name, choices in (
             ("early_stopping_metric", EARLY_STOPPING_METRICS),
